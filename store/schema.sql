@@ -1,0 +1,120 @@
+-- tpuanalyze trace database: the public relations (contract; documented in docs/schema.md).
+-- Times are picoseconds relative to the run's time zero (runs.t0_ns, ns since the epoch), since
+-- absolute picoseconds overflow int64.
+
+CREATE SEQUENCE IF NOT EXISTS run_id_seq START 1;
+
+CREATE TABLE IF NOT EXISTS runs (
+    run_id          INTEGER PRIMARY KEY,
+    name            VARCHAR NOT NULL,     -- run folder name (plugins/profile/<run>) or file stem
+    source_path     VARCHAR NOT NULL,     -- absolute path of the run folder or file; re-ingest key
+    source_format   VARCHAR NOT NULL,     -- 'xspace' | 'chrome_json' | 'mlperf'
+    device_type     VARCHAR,              -- e.g. 'TPU v3', 'TPU v6 Lite', 'GPU', 'CPU'
+    num_hosts       INTEGER NOT NULL,
+    num_devices     INTEGER NOT NULL,     -- accelerator planes (TPU cores / GPUs) across hosts
+    t0_ns           BIGINT,               -- time zero of the run, ns since the epoch
+    capture_start_ps BIGINT,              -- first event start (relative to t0)
+    capture_end_ps  BIGINT,               -- last event end (relative to t0)
+    num_events      BIGINT NOT NULL,
+    ingested_at     TIMESTAMP NOT NULL,
+    metadata        JSON                  -- anything else (e.g. generator scenario name from file stats)
+);
+
+CREATE TABLE IF NOT EXISTS hosts (
+    run_id          INTEGER NOT NULL,
+    host            VARCHAR NOT NULL,     -- from the file name: <host>.xplane.pb
+    file_path       VARCHAR NOT NULL,
+    file_bytes      BIGINT,
+    hostnames       VARCHAR[],            -- XSpace.hostnames
+    errors          VARCHAR[],            -- XSpace.errors
+    warnings        VARCHAR[]
+);
+
+CREATE TABLE IF NOT EXISTS planes (
+    run_id          INTEGER NOT NULL,
+    host            VARCHAR NOT NULL,
+    plane_index     INTEGER NOT NULL,     -- position in the file (names can repeat)
+    plane_id        BIGINT,               -- XPlane.id
+    name            VARCHAR NOT NULL,     -- '/device:TPU:0', '/host:CPU', ...
+    kind            VARCHAR NOT NULL,     -- 'tpu' | 'gpu' | 'cpu_host' | 'metadata' | 'other'
+    device_ordinal  INTEGER,              -- N of /device:XXX:N, else NULL
+    device_type     VARCHAR,              -- plane stat device_type_string
+    peak_tflops     DOUBLE,               -- plane stat peak_teraflops_per_second
+    peak_hbm_bw_gbps DOUBLE,              -- plane stat peak_hbm_bw_gigabytes_per_second
+    num_lines       INTEGER NOT NULL,
+    num_events      BIGINT NOT NULL,
+    stats           JSON                  -- every plane stat, name -> value
+);
+
+CREATE TABLE IF NOT EXISTS lines (
+    run_id          INTEGER NOT NULL,
+    host            VARCHAR NOT NULL,
+    plane_index     INTEGER NOT NULL,
+    line_index      INTEGER NOT NULL,     -- position in the plane (names can repeat)
+    line_id         BIGINT,               -- XLine.id
+    display_id      BIGINT,
+    name            VARCHAR NOT NULL,     -- 'Steps', 'XLA Modules', 'XLA Ops', thread names, ...
+    display_name    VARCHAR,
+    timestamp_ns    BIGINT,               -- XLine.timestamp_ns (absolute)
+    duration_ps     BIGINT,
+    num_events      BIGINT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS events (
+    run_id          INTEGER NOT NULL,
+    host            VARCHAR NOT NULL,
+    plane_index     INTEGER NOT NULL,
+    line_index      INTEGER NOT NULL,
+    plane           VARCHAR NOT NULL,     -- plane name (denormalized for easy queries)
+    line            VARCHAR NOT NULL,     -- line name
+    device_ordinal  INTEGER,              -- of the plane, NULL on host planes
+    name            VARCHAR NOT NULL,     -- event metadata name (HLO text on TPU 'XLA Ops')
+    display_name    VARCHAR,              -- event metadata display name (short op name), else name
+    start_ps        BIGINT NOT NULL,      -- relative to runs.t0_ns
+    duration_ps     BIGINT NOT NULL,
+    num_occurrences BIGINT,               -- aggregated events (XEvent.num_occurrences), else NULL
+    hlo_category    VARCHAR,              -- stat hlo_category
+    hlo_module      VARCHAR,              -- stat hlo_module / hlo_proto / XLA Modules name
+    program_id      UBIGINT,              -- stat program_id
+    flops           DOUBLE,               -- stat flops
+    bytes_accessed  DOUBLE,               -- stat bytes_accessed
+    tf_op           VARCHAR,              -- stat tf_op (framework op path)
+    shape           VARCHAR,              -- stat shape_with_layout
+    source          VARCHAR,              -- stat source (file:line)
+    step_num        BIGINT,               -- stat step_num / iter_num
+    group_id        BIGINT,               -- stat group_id (step grouping)
+    correlation_id  BIGINT,               -- stat correlation_id
+    stats           JSON                  -- all other stats of the event and its metadata, name -> value
+);
+
+-- MLPerf result logs (tpuanalyze.parsers.mlperf).
+CREATE TABLE IF NOT EXISTS mlperf_results (
+    run_id          INTEGER NOT NULL,     -- the folder's row in runs (source_format 'mlperf')
+    result_file     VARCHAR NOT NULL,
+    benchmark       VARCHAR,              -- resnet, bert, transformer, ssd, maskrcnn, gnmt, ...
+    submitter_path  VARCHAR,              -- e.g. v0.7/tpu-v3-8192/resnet
+    version         VARCHAR,              -- 'v0.6' | 'v0.7'
+    cores           INTEGER,
+    chips           INTEGER,
+    framework       VARCHAR,
+    run_start_ms    DOUBLE,
+    run_stop_ms     DOUBLE,
+    status          VARCHAR,
+    global_batch_size BIGINT,
+    opt_name        VARCHAR,
+    epochs          DOUBLE,
+    eval_count      INTEGER,
+    eval_ms         DOUBLE,
+    hyperparameters JSON
+);
+
+CREATE TABLE IF NOT EXISTS mlperf_intervals (
+    run_id          INTEGER NOT NULL,
+    result_file     VARCHAR NOT NULL,
+    kind            VARCHAR NOT NULL,     -- 'init' | 'run' | 'block' | 'eval' | 'epoch'
+    start_ms        DOUBLE,
+    stop_ms         DOUBLE,
+    epoch           DOUBLE,               -- first_epoch_num / epoch_num
+    epoch_count     DOUBLE,
+    value           DOUBLE                -- e.g. eval_accuracy
+);
