@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,16 @@ def shared_mlperf() -> Path:
 @pytest.fixture(scope="session")
 def sample_traces() -> Path:
     return SAMPLE_TRACES
+
+# An interpreter with xprof installed, for cross-checks against XProf's own analysis (an optional,
+# independent reader; never a runtime need). `.ci/run` creates it; tests skip when it is absent.
+XPROF_PYTHON = os.environ.get("TPUANALYZE_XPROF_PYTHON", "/opt/xprofvenv/bin/python")
+
+
+def xprof_python() -> str:
+    """Path of a python that imports xprof, or skip the calling test with the reason."""
+    if HAS_XPROF:
+        return sys.executable
+    if not Path(XPROF_PYTHON).exists():
+        pytest.skip(f"no xprof interpreter at {XPROF_PYTHON} (set TPUANALYZE_XPROF_PYTHON)")
+    return XPROF_PYTHON
