@@ -1,0 +1,115 @@
+"""Open a report in headless Chromium, offline: the rendered DOM (for checks) and screenshots (for docs).
+
+No Python browser driver needed: Chromium's own ``--dump-dom`` prints the DOM after scripts ran
+(``--virtual-time-budget`` lets every vega-embed promise settle), and the report's script writes its
+render status (charts rendered, errors, CSP violations) into ``#render-status``, so console errors
+are visible in the dumped DOM. The network is cut twice: a dead proxy and a resolver that resolves
+nothing, on top of the report's own Content-Security-Policy.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+OFFLINE_FLAGS = [
+    "--headless",
+    "--no-sandbox",  # root in containers/CI
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--proxy-server=127.0.0.1:9",
+    "--proxy-bypass-list=<-loopback>",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+]
+
+
+def find_chromium() -> str | None:
+    """The Chromium binary: $CHROMIUM, then the usual Debian paths, then PATH."""
+    env = os.environ.get("CHROMIUM")
+    if env and Path(env).exists():
+        return env
+    for candidate in CHROMIUM_CANDIDATES:
+        if Path(candidate).exists():
+            return candidate
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    chromium = find_chromium()
+    if chromium is None:
+        raise FileNotFoundError("no chromium binary found (apt-get install chromium)")
+    with tempfile.TemporaryDirectory(prefix="tpuanalyze-chromium-") as profile:
+        return subprocess.run(
+            [chromium, *OFFLINE_FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+@dataclass
+class RenderedPage:
+    dom: str
+    status: dict  # the report's #render-status: charts, rendered, errors, warnings, done
+    stderr: str
+
+    def chart_containers(self) -> dict[str, str]:
+        """Each chart container's id -> its rendered inner HTML (up to the next container)."""
+        pieces = re.split(r'(<div class="chart[^"]*" id="[^"]+")', self.dom)
+        found = {}
+        for marker, body in zip(pieces[1::2], pieces[2::2], strict=False):
+            chart_id = re.search(r'id="([^"]+)"', marker).group(1)
+            found[chart_id] = body.split("</figure>", 1)[0]
+        return found
+
+
+def render(html_path: str | Path, budget_ms: int = 15000, timeout: float = 120) -> RenderedPage:
+    """Load the report, let its scripts run for ``budget_ms`` of virtual time, return the DOM."""
+    url = Path(html_path).resolve().as_uri()
+    proc = _run([f"--virtual-time-budget={budget_ms}", "--dump-dom", url], timeout)
+    if proc.returncode != 0 or not proc.stdout:
+        raise RuntimeError(f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    match = re.search(r'<pre id="render-status"[^>]*>(.*?)</pre>', proc.stdout, re.S)
+    status = json.loads(html.unescape(match.group(1))) if match and match.group(1).strip() else {}
+    return RenderedPage(dom=proc.stdout, status=status, stderr=proc.stderr)
+
+
+def screenshot(
+    html_path: str | Path,
+    png_path: str | Path,
+    width: int = 1400,
+    height: int = 2400,
+    budget_ms: int = 15000,
+    timeout: float = 120,
+) -> Path:
+    """A PNG of the report's top ``height`` pixels at a laptop-to-desktop width."""
+    png = Path(png_path).resolve()
+    url = Path(html_path).resolve().as_uri()
+    proc = _run(
+        [f"--virtual-time-budget={budget_ms}", f"--window-size={width},{height}", f"--screenshot={png}", url],
+        timeout,
+    )
+    if proc.returncode != 0 or not png.exists():
+        raise RuntimeError(f"chromium screenshot failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return png

@@ -1,0 +1,431 @@
+"""Altair charts of one analysed run, each built from one RunAnalysis DataFrame.
+
+Every function takes the DataFrame with the columns documented in the analyzer contract and
+returns an ``alt.Chart`` (or layer), or ``None`` when the frame holds nothing to draw (a CPU trace
+has no collectives): the HTML report then shows a short "not in this trace" note instead.
+
+Charts aggregate before they draw, so a 4096-core run costs a few thousand marks, not one per
+trace event: per-step means across cores, a per-host heatmap once there are too many cores to
+show one row each, the top ops only. Every mark has a tooltip.
+"""
+
+from __future__ import annotations
+
+import math
+
+import altair as alt
+import pandas as pd
+
+# The attribution categories in the order of the design contract (the priority order, with eval first
+# decided), and one fixed color each so every chart and the terminal agree.
+CATEGORIES = ["compute", "weight_update", "collectives", "input", "output", "eval", "idle"]
+CATEGORY_COLORS = {
+    "compute": "#4c78a8",
+    "weight_update": "#72b7b2",
+    "collectives": "#f58518",
+    "input": "#e45756",
+    "output": "#b279a2",
+    "eval": "#54a24b",
+    "idle": "#bab0ac",
+}
+CATEGORY_LABELS = {
+    "compute": "compute",
+    "weight_update": "weight update",
+    "collectives": "collectives (exposed)",
+    "input": "input (infeed)",
+    "output": "output (outfeed)",
+    "eval": "eval",
+    "idle": "idle",
+}
+PS_PER_MS = 1e9
+
+# Above this many cores the heatmap shows hosts (max over the host's cores) instead of cores.
+MAX_HEATMAP_CORE_ROWS = 64
+# Above this many steps the per-step charts fold consecutive steps into bins of equal width.
+MAX_STEP_COLUMNS = 120
+# Ops and bars beyond these counts are left to the tables / SQL.
+TOP_OPS = 20
+MAX_INPUT_BARS = 64
+
+
+def _category_scale(categories: list[str] | None = None) -> alt.Scale:
+    cats = categories or CATEGORIES
+    return alt.Scale(domain=[CATEGORY_LABELS[c] for c in cats], range=[CATEGORY_COLORS[c] for c in cats])
+
+
+def _empty(frame: pd.DataFrame | None) -> bool:
+    return frame is None or len(frame) == 0
+
+
+def _ps_column(frame: pd.DataFrame, category: str) -> pd.Series:
+    """The category's picoseconds per step row; absent columns count as zero (e.g. no output)."""
+    column = f"{category}_ps"
+    if column in frame.columns:
+        return frame[column].fillna(0).astype("float64")
+    return pd.Series(0.0, index=frame.index)
+
+
+def step_category_ms(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per-step-row milliseconds of each category; an eval step's whole duration is eval.
+
+    The design contract decides eval first, by program: every instant of an eval step is eval.
+    """
+    is_eval = steps["is_eval"].fillna(False).astype(bool) if "is_eval" in steps.columns else False
+    out = pd.DataFrame({"step_num": steps["step_num"]})
+    for category in CATEGORIES:
+        if category == "eval":
+            eval_ps = _ps_column(steps, "eval")
+            whole = steps["duration_ps"].astype("float64")
+            out["eval"] = eval_ps.where(~is_eval, whole) / PS_PER_MS
+        else:
+            out[category] = _ps_column(steps, category).where(~is_eval, 0.0) / PS_PER_MS
+    out["is_eval"] = is_eval
+    return out
+
+
+def step_bins(step_nums: pd.Series) -> tuple[pd.Series, int]:
+    """Label each step with its bin's first step; bins of equal width keep <= MAX_STEP_COLUMNS columns."""
+    unique = sorted(step_nums.dropna().unique())
+    if len(unique) <= MAX_STEP_COLUMNS:
+        return step_nums, 1
+    width = math.ceil(len(unique) / MAX_STEP_COLUMNS)
+    rank = {s: i for i, s in enumerate(unique)}
+    first = {s: unique[(rank[s] // width) * width] for s in unique}
+    return step_nums.map(first), width
+
+
+def step_breakdown_chart(steps: pd.DataFrame) -> alt.Chart | None:
+    """Stacked bars: where each step's time goes, mean over the cores (eval steps in green)."""
+    if _empty(steps):
+        return None
+    per_row = step_category_ms(steps)
+    per_row["step"], width = step_bins(per_row["step_num"])
+    per_step = per_row.groupby("step", as_index=False)[CATEGORIES].mean()
+    per_step["total_ms"] = per_step[CATEGORIES].sum(axis=1)
+    long = per_step.melt(id_vars=["step", "total_ms"], value_vars=CATEGORIES, var_name="cat", value_name="ms")
+    long = long[long["ms"] > 0].copy()
+    long["category"] = long["cat"].map(CATEGORY_LABELS)
+    long["share"] = long["ms"] / long["total_ms"].where(long["total_ms"] > 0, 1)
+    long["order"] = long["cat"].map({c: i for i, c in enumerate(CATEGORIES)})
+    step_title = "step" if width == 1 else f"step (bins of {width})"
+    present = [c for c in CATEGORIES if c in set(long["cat"])]
+    return (
+        alt.Chart(long.drop(columns=["cat"]))
+        .mark_bar()
+        .encode(
+            x=alt.X("step:O", title=step_title),
+            y=alt.Y("sum(ms):Q", title="ms per step (mean over cores)", stack="zero"),
+            color=alt.Color("category:N", scale=_category_scale(present), title="category"),
+            order=alt.Order("order:Q"),
+            tooltip=[
+                alt.Tooltip("step:O", title=step_title),
+                alt.Tooltip("category:N"),
+                alt.Tooltip("ms:Q", format=".3f", title="ms (mean over cores)"),
+                alt.Tooltip("share:Q", format=".1%", title="share of step"),
+                alt.Tooltip("total_ms:Q", format=".3f", title="step ms"),
+            ],
+        )
+        .properties(width="container", height=280)
+    )
+
+
+def category_shares_chart(breakdowns: dict[str, dict[str, float]]) -> alt.Chart | None:
+    """One horizontal stacked bar per run: the share of wall time of each category (sums to 1)."""
+    rows = []
+    for run, breakdown in breakdowns.items():
+        for order, category in enumerate(CATEGORIES):
+            share = float(breakdown.get(category) or 0.0)
+            if share > 0:
+                rows.append(
+                    {
+                        "run": run,
+                        "category": CATEGORY_LABELS[category],
+                        "share": share,
+                        "order": order,
+                        "cat": category,
+                    }
+                )
+    if not rows:
+        return None
+    frame = pd.DataFrame(rows)
+    frame["label"] = frame["share"].map(lambda s: f"{s:.0%}" if s >= 0.04 else "")
+    present = [c for c in CATEGORIES if c in set(frame["cat"])]
+    frame = frame.drop(columns=["cat"])
+    base = alt.Chart(frame).encode(
+        y=alt.Y("run:N", title=None, sort=list(breakdowns)),
+        x=alt.X(
+            "share:Q",
+            stack="zero",
+            title="share of wall time",
+            axis=alt.Axis(format="%"),
+            scale=alt.Scale(domain=[0, 1]),
+        ),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("run:N"), alt.Tooltip("category:N"), alt.Tooltip("share:Q", format=".1%")],
+    )
+    bars = base.mark_bar().encode(
+        color=alt.Color("category:N", scale=_category_scale(present), title="category")
+    )
+    # Labels sit at each segment's middle (computed here: text marks do not center in stacks).
+    frame_mid = frame.copy()
+    frame_mid["mid"] = frame_mid.groupby("run")["share"].cumsum() - frame_mid["share"] / 2
+    labels = (
+        alt.Chart(frame_mid)
+        .mark_text(align="center", baseline="middle", color="white", fontWeight="bold")
+        .encode(
+            y=alt.Y("run:N", sort=list(breakdowns)),
+            x=alt.X("mid:Q"),
+            text="label:N",
+            tooltip=[alt.Tooltip("run:N"), alt.Tooltip("category:N"), alt.Tooltip("share:Q", format=".1%")],
+        )
+    )
+    return alt.layer(bars, labels).properties(width="container", height=max(60, 44 * len(breakdowns)))
+
+
+def _core_label(host: pd.Series, ordinal: pd.Series) -> pd.Series:
+    return host.astype(str) + " : " + ordinal.astype("Int64").astype(str)
+
+
+def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
+    """Step time per core (or per host, when there are many cores) and step: stragglers stand out.
+
+    Eval steps are left out (their different length would swamp the color scale). With more than
+    MAX_HEATMAP_CORE_ROWS cores each row is a host and the cell is its slowest core's step time.
+    """
+    if _empty(steps):
+        return None
+    train = steps[~steps["is_eval"].fillna(False).astype(bool)] if "is_eval" in steps.columns else steps
+    if train.empty:
+        return None
+    frame = pd.DataFrame(
+        {
+            "host": train["host"].astype(str),
+            "device_ordinal": train["device_ordinal"],
+            "step_ms": train["duration_ps"].astype("float64") / PS_PER_MS,
+        }
+    )
+    frame["step"], width = step_bins(train["step_num"])
+    n_cores = frame[["host", "device_ordinal"]].drop_duplicates().shape[0]
+    if n_cores <= MAX_HEATMAP_CORE_ROWS:
+        frame["row"] = _core_label(frame["host"], frame["device_ordinal"])
+        cells = frame.groupby(["row", "step"], as_index=False).agg(step_ms=("step_ms", "mean"))
+        cells["worst_core"] = cells["row"]
+        row_title = "core (host : ordinal)"
+    else:
+        frame["row"] = frame["host"]
+        frame["core"] = _core_label(frame["host"], frame["device_ordinal"])
+        per_core = frame.groupby(["row", "core", "step"], as_index=False).agg(step_ms=("step_ms", "mean"))
+        idx = per_core.groupby(["row", "step"])["step_ms"].idxmax()
+        cells = per_core.loc[idx].rename(columns={"core": "worst_core"}).reset_index(drop=True)
+        row_title = "host (slowest core)"
+    median = float(cells["step_ms"].median()) or 1.0
+    cells["vs_median"] = cells["step_ms"] / median - 1.0
+    n_rows = cells["row"].nunique()
+    step_title = "step" if width == 1 else f"step (bins of {width})"
+    cell_height = 14 if n_rows <= 64 else max(2, int(900 / n_rows))
+    return (
+        alt.Chart(cells)
+        .mark_rect()
+        .encode(
+            x=alt.X("step:O", title=step_title),
+            y=alt.Y(
+                "row:N",
+                title=row_title,
+                sort="ascending",
+                axis=alt.Axis(labels=n_rows <= 64, ticks=n_rows <= 64),
+            ),
+            color=alt.Color("step_ms:Q", title="step ms", scale=alt.Scale(scheme="orangered", zero=False)),
+            tooltip=[
+                alt.Tooltip("row:N", title=row_title),
+                alt.Tooltip("worst_core:N", title="core"),
+                alt.Tooltip("step:O", title=step_title),
+                alt.Tooltip("step_ms:Q", format=".3f", title="step ms"),
+                alt.Tooltip("vs_median:Q", format="+.1%", title="vs median cell"),
+            ],
+        )
+        .properties(width="container", height=min(1000, max(120, cell_height * n_rows)))
+    )
+
+
+def collectives_by_kind_chart(collectives: pd.DataFrame) -> alt.Chart | None:
+    """Per kind of collective: exposed vs overlapped (hidden under compute) milliseconds per step."""
+    if _empty(collectives):
+        return None
+    grouped = collectives.groupby("kind", as_index=False).agg(
+        exposed=("exposed_ms_per_step", "sum"),
+        overlapped=("overlapped_ms_per_step", "sum"),
+        count=("count_per_step", "sum"),
+        bytes=("bytes", "sum"),
+    )
+    long = grouped.melt(
+        id_vars=["kind", "count", "bytes"],
+        value_vars=["exposed", "overlapped"],
+        var_name="time",
+        value_name="ms",
+    )
+    long["mb"] = long["bytes"] / 1e6
+    return (
+        alt.Chart(long)
+        .mark_bar()
+        .encode(
+            y=alt.Y("kind:N", title=None, sort="-x"),
+            x=alt.X("sum(ms):Q", title="ms per step", stack="zero"),
+            color=alt.Color(
+                "time:N",
+                title="time",
+                scale=alt.Scale(
+                    domain=["exposed", "overlapped"], range=[CATEGORY_COLORS["collectives"], "#ffbf79"]
+                ),
+            ),
+            tooltip=[
+                alt.Tooltip("kind:N"),
+                alt.Tooltip("time:N", title="exposed / overlapped"),
+                alt.Tooltip("ms:Q", format=".3f", title="ms per step"),
+                alt.Tooltip("count:Q", format=".1f", title="ops per step"),
+                alt.Tooltip("mb:Q", format=",.2f", title="MB (sum of op sizes)"),
+            ],
+        )
+        .properties(width="container", height=max(80, 36 * grouped.shape[0]))
+    )
+
+
+def collectives_size_chart(collectives: pd.DataFrame) -> alt.Chart | None:
+    """Each distinct collective as a point: message size vs time per step; many small ones = latency bound."""
+    if _empty(collectives):
+        return None
+    frame = collectives.copy()
+    frame["total_ms"] = frame["exposed_ms_per_step"].fillna(0) + frame["overlapped_ms_per_step"].fillna(0)
+    frame["bytes"] = frame["bytes"].astype("float64").clip(lower=1)
+    frame["dtype"] = frame["dtype"].fillna("?").astype(str) if "dtype" in frame.columns else "?"
+    frame["sync_ms"] = frame["sync_ms"] if "sync_ms" in frame.columns else float("nan")
+    frame["compute_ms"] = frame["compute_ms"] if "compute_ms" in frame.columns else float("nan")
+    cols = [
+        "kind",
+        "bytes",
+        "dtype",
+        "count_per_step",
+        "exposed_ms_per_step",
+        "overlapped_ms_per_step",
+        "total_ms",
+        "compute_ms",
+        "sync_ms",
+    ]
+    return (
+        alt.Chart(frame[cols])
+        .mark_circle(opacity=0.75, stroke="#333", strokeWidth=0.5)
+        .encode(
+            x=alt.X("bytes:Q", scale=alt.Scale(type="log"), title="bytes per op", axis=alt.Axis(format="~s")),
+            y=alt.Y("total_ms:Q", title="ms per step (exposed + overlapped)"),
+            color=alt.Color("kind:N", title="kind"),
+            size=alt.Size("count_per_step:Q", title="ops per step", scale=alt.Scale(range=[40, 600])),
+            tooltip=[
+                alt.Tooltip("kind:N"),
+                alt.Tooltip("dtype:N"),
+                alt.Tooltip("bytes:Q", format=",.0f"),
+                alt.Tooltip("count_per_step:Q", format=".1f", title="ops per step"),
+                alt.Tooltip("exposed_ms_per_step:Q", format=".3f", title="exposed ms/step"),
+                alt.Tooltip("overlapped_ms_per_step:Q", format=".3f", title="overlapped ms/step"),
+                alt.Tooltip("compute_ms:Q", format=".3f", title="compute ms (min over cores)"),
+                alt.Tooltip("sync_ms:Q", format=".3f", title="sync ms (waiting)"),
+            ],
+        )
+        .properties(width="container", height=260)
+    )
+
+
+def input_wait_chart(input_frame: pd.DataFrame) -> alt.Chart | None:
+    """Infeed wait per core (or per host: max and mean over its cores) per step, sorted worst first."""
+    if _empty(input_frame):
+        return None
+    frame = input_frame.copy()
+    frame["host"] = frame["host"].astype(str)
+    frame["infeed_ms_per_step"] = frame["infeed_ms_per_step"].astype("float64").fillna(0)
+    if frame.shape[0] <= MAX_INPUT_BARS:
+        frame["core"] = _core_label(frame["host"], frame["device_ordinal"])
+        mean = float(frame["infeed_ms_per_step"].mean()) or 1.0
+        frame["vs_mean"] = frame["infeed_ms_per_step"] / mean
+        return (
+            alt.Chart(frame[["core", "host", "infeed_ms_per_step", "vs_mean"]])
+            .mark_bar(color=CATEGORY_COLORS["input"])
+            .encode(
+                x=alt.X("core:N", sort="-y", title="core (host : ordinal)", axis=alt.Axis(labelAngle=-60)),
+                y=alt.Y("infeed_ms_per_step:Q", title="infeed ms per step"),
+                tooltip=[
+                    alt.Tooltip("core:N"),
+                    alt.Tooltip("infeed_ms_per_step:Q", format=".3f", title="infeed ms/step"),
+                    alt.Tooltip("vs_mean:Q", format=".2f", title="x mean over cores"),
+                ],
+            )
+            .properties(width="container", height=240)
+        )
+    per_host = frame.groupby("host", as_index=False).agg(
+        max_ms=("infeed_ms_per_step", "max"),
+        mean_ms=("infeed_ms_per_step", "mean"),
+        cores=("infeed_ms_per_step", "size"),
+    )
+    per_host = per_host.sort_values("max_ms", ascending=False).head(MAX_INPUT_BARS)
+    tooltip = [
+        alt.Tooltip("host:N"),
+        alt.Tooltip("max_ms:Q", format=".3f", title="max over cores ms/step"),
+        alt.Tooltip("mean_ms:Q", format=".3f", title="mean over cores ms/step"),
+        alt.Tooltip("cores:Q"),
+    ]
+    x = alt.X(
+        "host:N",
+        sort=alt.EncodingSortField("max_ms", order="descending"),
+        title=f"host (the {per_host.shape[0]} with most input wait)",
+        axis=alt.Axis(labelAngle=-60),
+    )
+    bars = (
+        alt.Chart(per_host)
+        .mark_bar(color=CATEGORY_COLORS["input"])
+        .encode(
+            x=x, y=alt.Y("max_ms:Q", title="infeed ms per step (bar: max core, tick: mean)"), tooltip=tooltip
+        )
+    )
+    ticks = (
+        alt.Chart(per_host).mark_tick(color="#222", thickness=2).encode(x=x, y="mean_ms:Q", tooltip=tooltip)
+    )
+    return alt.layer(bars, ticks).properties(width="container", height=240)
+
+
+def top_ops_chart(ops: pd.DataFrame) -> alt.Chart | None:
+    """The ops that take the most device time, colored by HLO category."""
+    if _empty(ops):
+        return None
+    top = ops.sort_values("self_time_ms", ascending=False).head(TOP_OPS).copy()
+    for column in ("share", "flops", "bytes_accessed", "flop_utilization", "count"):
+        if column not in top.columns:
+            top[column] = float("nan")
+    top["category"] = top["category"].fillna("?").astype(str)
+    top["name"] = top["name"].astype(str).map(lambda s: s if len(s) <= 60 else s[:57] + "...")
+    cols = [
+        "name",
+        "category",
+        "count",
+        "self_time_ms",
+        "share",
+        "flops",
+        "bytes_accessed",
+        "flop_utilization",
+    ]
+    return (
+        alt.Chart(top[cols])
+        .mark_bar()
+        .encode(
+            y=alt.Y("name:N", sort="-x", title=None, axis=alt.Axis(labelLimit=320)),
+            x=alt.X("self_time_ms:Q", title="self time ms (all cores, whole capture)"),
+            color=alt.Color("category:N", title="HLO category"),
+            tooltip=[
+                alt.Tooltip("name:N"),
+                alt.Tooltip("category:N"),
+                alt.Tooltip("count:Q", format=",.0f"),
+                alt.Tooltip("self_time_ms:Q", format=",.3f", title="self time ms"),
+                alt.Tooltip("share:Q", format=".2%", title="share of device time"),
+                alt.Tooltip("flops:Q", format=".3~s"),
+                alt.Tooltip("bytes_accessed:Q", format=".3~s", title="bytes accessed"),
+                alt.Tooltip("flop_utilization:Q", format=".1%", title="FLOP utilization"),
+            ],
+        )
+        .properties(width="container", height=max(120, 20 * top.shape[0]))
+    )

@@ -1,0 +1,230 @@
+"""The terminal summary of analysed runs (rich): what a person reads first, in 100 columns.
+
+Per run: a header (device, hosts, cores, steps, step time), the breakdown with a bar per category,
+the slowest cores and hosts, the top ops, and the findings ranked by estimated gain with their
+evidence and catalog technique. On a pipe or file rich drops colors and escape codes by itself;
+the width is then fixed at 100 columns so the layout does not depend on the environment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import IO, Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from tpuanalyze.reports import view
+from tpuanalyze.reports.charts import CATEGORY_COLORS
+
+WIDTH = 100
+BAR_WIDTH = 30
+TOP_OPS = 8
+WORST = 5
+SEVERITY_STYLE = {"high": "bold red", "medium": "bold yellow", "low": "bold blue"}
+
+
+def make_console(file: IO[str] | None = None, width: int | None = None) -> Console:
+    """A console that is 100 columns wide unless told otherwise or on a narrower terminal."""
+    console = Console(file=file, highlight=False, soft_wrap=False)
+    if width is None:
+        width = min(console.width, WIDTH) if console.is_terminal else WIDTH
+    console.width = width
+    return console
+
+
+def _bar(share: float, color: str, width: int = BAR_WIDTH) -> Text:
+    """A horizontal bar of eighth-blocks, so small shares still show."""
+    share = max(0.0, min(1.0, share))
+    eighths = round(share * width * 8)
+    full, rest = divmod(eighths, 8)
+    text = "█" * full + ("" if rest == 0 else " ▏▎▍▌▋▊▉"[rest])
+    return Text(text.ljust(width), style=color)
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return f"{float(value):,.{digits}f}"
+
+
+def header(summary: dict) -> Panel:
+    st = summary.get("step_time_ms") or {}
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("device", str(summary.get("device_type") or "unknown"))
+    grid.add_row(
+        "hosts / cores",
+        f"{view.format_value(summary.get('hosts'))} hosts · "
+        f"{view.format_value(summary.get('devices'))} cores",
+    )
+    grid.add_row("steps", view.format_value(summary.get("steps")))
+    grid.add_row("step time", view.step_time_text(summary) if st else "no steps found")
+    overlapped = summary.get("collectives_overlapped")
+    if isinstance(overlapped, (int, float)) and overlapped:
+        grid.add_row("overlapped", f"{overlapped:.1%} of wall time is collectives hidden under compute")
+    return Panel(
+        grid, title=f"[bold]run {summary.get('run', '?')}[/bold]", title_align="left", box=box.ROUNDED
+    )
+
+
+def breakdown_table(summary: dict, steps: Any) -> Table:
+    table = Table(
+        title="Where the time goes (share of the devices' wall time)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("category")
+    table.add_column("share", justify="right")
+    table.add_column("ms/step", justify="right")
+    table.add_column("", no_wrap=True)
+    for row in view.breakdown_rows(summary, steps):
+        table.add_row(
+            row.label,
+            f"{row.share:6.1%}",
+            _num(row.ms_per_step),
+            _bar(row.share, CATEGORY_COLORS[row.category]),
+        )
+    return table
+
+
+def worst_table(title: str, rows: Any, keys: list[str]) -> Table | None:
+    if rows is None or rows.empty:
+        return None
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for key in keys:
+        table.add_column("core" if key == "device_ordinal" else key, overflow="fold")
+    table.add_column("step ms", justify="right")
+    table.add_column("vs median", justify="right")
+    table.add_column("most above median")
+    for record in rows.to_dict("records"):
+        vs = record.get("vs_median")
+        table.add_row(
+            *[str(record[k]) for k in keys],
+            _num(record["step_time_ms"]),
+            "–" if vs is None or vs != vs else f"{vs:+.1%}",
+            str(record.get("largest_excess") or ""),
+        )
+    return table
+
+
+def ops_table(ops: Any) -> Table | None:
+    if ops is None or ops.empty:
+        return None
+    top = ops.sort_values("self_time_ms", ascending=False).head(TOP_OPS)
+    table = Table(
+        title=f"Top {len(top)} ops by self time", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    table.add_column("op", overflow="ellipsis", no_wrap=True, max_width=44)
+    table.add_column("category", overflow="ellipsis", no_wrap=True, max_width=20)
+    table.add_column("self ms", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("FLOP util", justify="right")
+    for record in top.to_dict("records"):
+        share = record.get("share")
+        util = record.get("flop_utilization")
+        table.add_row(
+            str(record.get("name")),
+            str(record.get("category") or ""),
+            _num(record.get("self_time_ms")),
+            "–" if share is None or share != share else f"{share:.1%}",
+            "–" if util is None or util != util else f"{util:.0%}",
+        )
+    return table
+
+
+def findings_block(findings: list[view.FindingView]) -> Group | Text:
+    if not findings:
+        return Text("Findings: none (no catalog rule fired)", style="bold")
+    parts: list[Any] = [Text("Findings, by estimated gain", style="bold underline")]
+    for rank, finding in enumerate(findings, start=1):
+        head = Text(f"{rank}. ")
+        head.append(finding.rule, style="bold")
+        head.append(f"  [{finding.severity}]", style=SEVERITY_STYLE.get(finding.severity, "bold"))
+        head.append(f"  gain {finding.gain_text}", style="green")
+        parts.append(head)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=3)
+        grid.add_column(style="dim", width=15)
+        grid.add_column(ratio=1, overflow="fold")
+        evidence = finding.evidence_text
+        if finding.evidence_items:
+            items = "; ".join(f"{k} {v}" for k, v in finding.evidence_items)
+            evidence = f"{evidence} ({items})" if evidence else items
+        grid.add_row("", "evidence", evidence or "–")
+        grid.add_row("", "recommendation", finding.recommendation or "–")
+        if finding.catalog:
+            grid.add_row("", "catalog", finding.catalog)
+        if finding.sql:
+            grid.add_row(
+                "",
+                "reproduce",
+                f"{len(finding.sql)} SQL quer{'y' if len(finding.sql) == 1 else 'ies'}"
+                " in the HTML/JSON report (run with `tpuanalyze sql`)",
+            )
+        parts.append(grid)
+    return Group(*parts)
+
+
+def render_run(console: Console, analysis: Any) -> None:
+    summary = analysis.summary
+    steps = getattr(analysis, "steps", None)
+    console.print(header(summary))
+    console.print(breakdown_table(summary, steps))
+    for title, frame, keys in (
+        ("Slowest cores", getattr(analysis, "per_core", None), ["host", "device_ordinal"]),
+        ("Slowest hosts", getattr(analysis, "per_host", None), ["host"]),
+    ):
+        table = worst_table(title, view.worst_rows(frame, keys, WORST), keys)
+        if table is not None:
+            console.print(table)
+    ops = ops_table(getattr(analysis, "ops", None))
+    if ops is not None:
+        console.print(ops)
+    console.print(findings_block(view.ranked_findings(view.run_findings(analysis))))
+
+
+def render_runs(analyses: Sequence[Any], console: Console | None = None) -> None:
+    """Print every run's summary; several runs get a one-line-per-run overview first."""
+    console = console or make_console()
+    if len(analyses) > 1:
+        console.print(overview_table(analyses))
+    for position, analysis in enumerate(analyses):
+        if position:
+            console.rule()
+        render_run(console, analysis)
+
+
+def overview_table(analyses: Sequence[Any]) -> Table:
+    table = Table(title=f"{len(analyses)} runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (
+        ("run", "left"),
+        ("device", "left"),
+        ("cores", "right"),
+        ("step ms", "right"),
+        ("compute", "right"),
+        ("coll.", "right"),
+        ("input", "right"),
+        ("top finding", "left"),
+    ):
+        table.add_column(name, justify=justify, overflow="fold")
+    for analysis in analyses:
+        summary = analysis.summary
+        breakdown = summary.get("breakdown") or {}
+        findings = view.ranked_findings(view.run_findings(analysis))
+        table.add_row(
+            str(summary.get("run")),
+            str(summary.get("device_type") or ""),
+            view.format_value(summary.get("devices")),
+            _num((summary.get("step_time_ms") or {}).get("mean")),
+            f"{float(breakdown.get('compute') or 0):.0%}",
+            f"{float(breakdown.get('collectives') or 0):.0%}",
+            f"{float(breakdown.get('input') or 0):.0%}",
+            findings[0].rule if findings else "none",
+        )
+    return table

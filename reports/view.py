@@ -1,0 +1,238 @@
+"""What both renderers (terminal and HTML) show of a RunAnalysis, computed once.
+
+The analyzer's summary follows the JSON contract; findings may carry evidence as text, as a dict
+(numbers plus ``sql``) or as a list, and the estimated gain as a fraction, a dict or a label. This
+module turns them into one shape, ranks findings by estimated gain and formats numbers, so the
+terminal summary and the HTML report never disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from tpuanalyze.reports.charts import CATEGORIES, CATEGORY_LABELS
+
+SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+# Keys of an evidence dict that hold reproducing SQL rather than a measured number.
+SQL_KEYS = ("sql", "query", "queries")
+# Keys that hold a sentence rather than one number.
+TEXT_KEYS = ("text", "summary", "message", "description")
+
+
+@dataclass
+class FindingView:
+    rule: str
+    severity: str
+    gain_fraction: float | None  # estimated step-time saving as a fraction of step time, if known
+    gain_ms: float | None
+    gain_text: str
+    evidence_text: str
+    evidence_items: list[tuple[str, str]] = field(default_factory=list)
+    sql: list[str] = field(default_factory=list)
+    recommendation: str = ""
+    catalog: str = ""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def format_value(value: Any) -> str:
+    """Numbers compact and readable (3 significant digits, thousands separators), the rest as text."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        if abs(value) >= 100:
+            return f"{value:,.1f}"
+        return f"{value:.3g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(format_value(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={format_value(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _gain(raw: Any) -> tuple[float | None, float | None, str]:
+    """(fraction, ms, label) from a gain given as a number, a dict or text."""
+    if raw is None:
+        return None, None, "no estimate"
+    if _is_number(raw):
+        fraction = float(raw)
+        return fraction, None, f"~{fraction:.1%} of step time (estimate)"
+    if isinstance(raw, dict):
+        fraction = next(
+            (
+                float(raw[k])
+                for k in ("fraction", "step_fraction", "share", "step_time_fraction")
+                if _is_number(raw.get(k))
+            ),
+            None,
+        )
+        ms = next(
+            (float(raw[k]) for k in ("ms_per_step", "ms", "step_ms", "saving_ms") if _is_number(raw.get(k))),
+            None,
+        )
+        label = next((str(raw[k]) for k in ("label", "text", "description") if raw.get(k)), "")
+        parts = []
+        if fraction is not None:
+            parts.append(f"~{fraction:.1%} of step time")
+        if ms is not None:
+            parts.append(f"~{ms:.3g} ms/step")
+        text = " · ".join(parts)
+        if label and label not in text:
+            text = f"{text} ({label})" if text else label
+        elif text:
+            text += " (estimate)"
+        return fraction, ms, text or format_value(raw)
+    return None, None, str(raw)
+
+
+def _evidence(raw: Any) -> tuple[str, list[tuple[str, str]], list[str]]:
+    """(sentence, [(name, value)], [sql]) from evidence given as text, a dict or a list."""
+    if raw is None:
+        return "", [], []
+    if isinstance(raw, str):
+        return raw, [], []
+    if isinstance(raw, (list, tuple)):
+        texts, items, sqls = [], [], []
+        for part in raw:
+            t, i, s = _evidence(part)
+            if t:
+                texts.append(t)
+            items += i
+            sqls += s
+        return "; ".join(texts), items, sqls
+    if isinstance(raw, dict):
+        text = "; ".join(str(raw[k]) for k in TEXT_KEYS if raw.get(k))
+        sqls: list[str] = []
+        items: list[tuple[str, str]] = []
+        for key, value in raw.items():
+            if key in TEXT_KEYS:
+                continue
+            if key in SQL_KEYS or key.endswith("_sql"):
+                values = value if isinstance(value, (list, tuple)) else [value]
+                sqls += [str(v).strip() for v in values if v]
+            else:
+                items.append((key.replace("_", " "), format_value(value)))
+        return text, items, sqls
+    return str(raw), [], []
+
+
+def finding_view(finding: dict) -> FindingView:
+    fraction, ms, gain_text = _gain(finding.get("estimated_gain"))
+    text, items, sqls = _evidence(finding.get("evidence"))
+    if finding.get("sql"):
+        extra = finding["sql"]
+        sqls += [str(s) for s in (extra if isinstance(extra, (list, tuple)) else [extra])]
+    catalog = finding.get("catalog") or ""
+    if isinstance(catalog, dict):
+        catalog = " ".join(str(v) for v in catalog.values())
+    return FindingView(
+        rule=str(finding.get("rule", "?")),
+        severity=str(finding.get("severity", "low")).lower(),
+        gain_fraction=fraction,
+        gain_ms=ms,
+        gain_text=gain_text,
+        evidence_text=text,
+        evidence_items=items,
+        sql=sqls,
+        recommendation=str(finding.get("recommendation") or ""),
+        catalog=str(catalog),
+    )
+
+
+def ranked_findings(findings: list[dict] | None) -> list[FindingView]:
+    """Findings by estimated gain (largest first), then severity: what to fix first comes first."""
+    views = [finding_view(f) for f in findings or []]
+    return sorted(
+        views,
+        key=lambda v: (
+            -(v.gain_fraction if v.gain_fraction is not None else -1.0),
+            -(v.gain_ms if v.gain_ms is not None else -1.0),
+            SEVERITY_RANK.get(v.severity, 3),
+            v.rule,
+        ),
+    )
+
+
+def run_findings(analysis: Any) -> list[dict]:
+    """The run's findings: the summary's list is the contract; the attribute is a convenience copy."""
+    findings = analysis.summary.get("findings")
+    if findings is None:
+        findings = getattr(analysis, "findings", None)
+        if isinstance(findings, pd.DataFrame):
+            findings = findings.to_dict("records")
+    return list(findings or [])
+
+
+@dataclass
+class BreakdownRow:
+    category: str
+    label: str
+    share: float
+    ms_per_step: float | None
+
+
+def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[BreakdownRow]:
+    """One row per category in contract order: share of wall time (the summary) and ms per train step.
+
+    Shares are of the devices' wall time (eval and the idle gaps between steps included), so the
+    milliseconds come from the per-step rows (mean over train steps and cores), not share x step time.
+    """
+    breakdown = summary.get("breakdown") or {}
+    ms_by_category: dict[str, float] = {}
+    if steps is not None and not steps.empty:
+        train = steps
+        if "is_eval" in steps.columns:
+            train = steps[~steps["is_eval"].fillna(False).astype(bool)]
+            eval_steps = steps[steps["is_eval"].fillna(False).astype(bool)]
+            if not eval_steps.empty:
+                ms_by_category["eval"] = float(eval_steps["duration_ps"].mean()) / 1e9
+        for category in CATEGORIES:
+            column = f"{category}_ps"
+            if column in train.columns and not train.empty:
+                ms_by_category[category] = float(train[column].fillna(0).mean()) / 1e9
+    rows = []
+    for category in CATEGORIES:
+        share = breakdown.get(category)
+        share = float(share) if _is_number(share) else 0.0
+        rows.append(BreakdownRow(category, CATEGORY_LABELS[category], share, ms_by_category.get(category)))
+    return rows
+
+
+def step_time_text(summary: dict) -> str:
+    st = summary.get("step_time_ms") or {}
+    if not _is_number(st.get("mean")):
+        return "no steps found"
+    return (
+        f"{st['mean']:.3g} ms mean · median {format_value(st.get('median'))} · "
+        f"min {format_value(st.get('min'))} · max {format_value(st.get('max'))}"
+    )
+
+
+def worst_rows(frame: pd.DataFrame | None, keys: list[str], limit: int = 5) -> pd.DataFrame:
+    """The slowest cores or hosts with their step time vs the median and their largest category."""
+    if frame is None or frame.empty or "step_time_ms" not in frame.columns:
+        return pd.DataFrame()
+    data = frame.copy()
+    median = float(data["step_time_ms"].median())
+    data["vs_median"] = data["step_time_ms"] / median - 1.0 if median else float("nan")
+    shares = [c for c in CATEGORIES if c in data.columns]
+    if shares:
+        # The category that makes the difference: the one most above its median over all rows.
+        excess = data[shares].astype("float64") - data[shares].astype("float64").median()
+        data["largest_excess"] = excess.idxmax(axis=1).map(CATEGORY_LABELS)
+        data.loc[excess.max(axis=1) <= 0, "largest_excess"] = ""
+    else:
+        data["largest_excess"] = ""
+    data = data.sort_values("step_time_ms", ascending=False).head(limit)
+    return data[[*keys, "step_time_ms", "vs_median", "largest_excess"]].reset_index(drop=True)
