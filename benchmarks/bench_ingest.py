@@ -1,0 +1,287 @@
+"""Ingest throughput and peak memory, side by side with two baselines, in one run.
+
+Why: ingest is the one step that touches every event; it must stay fast at pod scale. Contenders,
+each in its own fresh subprocess (peak RSS per process from ``os.wait4``'s rusage, so one contender's
+memory never hides another's), all on the same large XSpace file (``make_large_xspace.py``):
+
+- ``tpuanalyze ingest``: the real CLI into a real DuckDB file (wall time includes interpreter start);
+- ``ingest_paths()``: the same ingest through the Python API, timed inside the process (work time);
+- ``xprof ProfileData``: XProf's own reader (``/opt/xprofvenv/bin/python``, skipped with a message
+  when absent): ``ProfileData.from_file`` then every event's name, start_ns, duration_ns and stats;
+- ``protobuf iterate``: ``XSpace.ParseFromString`` then every event's metadata_id, offset_ps,
+  duration_ps (the floor: decoding alone, nothing stored).
+
+Prints a table (events, wall and work seconds, events/s, peak RSS MB, ratios vs xprof and vs the
+protobuf floor), the file and database sizes, checks "ingest events/s >= 5x xprof" and "ingest peak
+RSS <= 3 x (file + database)", verifies the database holds every event, and writes the report to
+``benchmarks/results/bench_ingest.md``.
+
+Usage (from the project root)::
+
+    python benchmarks/bench_ingest.py                      # default 2M-event file in /tmp
+    python benchmarks/bench_ingest.py --events 500000 --no-write   # a quick look, report untouched
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_large_xspace import DEFAULT_OUT, LargeSpec, write_large_xspace  # noqa: E402
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = PROJECT_ROOT / "benchmarks" / "results" / "bench_ingest.md"
+XPROF_PYTHON = os.environ.get("TPUANALYZE_XPROF_PYTHON", "/opt/xprofvenv/bin/python")
+TARGET_RATIO_VS_XPROF = 5.0
+MEMORY_FACTOR = 3.0
+
+# Child programs: each prints one JSON line {"events": n, "work_s": s} as its last stdout line.
+XPROF_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from xprof import profile_data
+pd = profile_data.ProfileData.from_file(sys.argv[1])
+n = 0
+for plane in pd.planes:
+    for line in plane.lines:
+        for ev in line.events:
+            ev.name; ev.start_ns; ev.duration_ns; ev.stats
+            n += 1
+print(json.dumps({"events": n, "work_s": time.perf_counter() - t0}))
+"""
+
+PROTOBUF_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from tpuanalyze.proto import xplane_pb2
+space = xplane_pb2.XSpace()
+with open(sys.argv[1], "rb") as f:
+    space.ParseFromString(f.read())
+n = 0
+for plane in space.planes:
+    for line in plane.lines:
+        for ev in line.events:
+            ev.metadata_id; ev.offset_ps; ev.duration_ps
+            n += 1
+print(json.dumps({"events": n, "work_s": time.perf_counter() - t0}))
+"""
+
+API_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from tpuanalyze.store.ingest import ingest_paths
+summary = ingest_paths([sys.argv[1]], sys.argv[2])
+print(json.dumps({"events": summary.events, "work_s": time.perf_counter() - t0}))
+"""
+
+
+@dataclass
+class Result:
+    contender: str
+    events: int | None
+    wall_s: float
+    work_s: float | None
+    peak_rss_mb: float
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        """Events per second on the work time when measured, else on the wall time."""
+        return (self.events or 0) / (self.work_s or self.wall_s)
+
+    @property
+    def wall_rate(self) -> float:
+        return (self.events or 0) / self.wall_s
+
+
+def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
+    """Run ``cmd``; return (wall seconds, peak RSS MB of that process, stdout). Raises on failure."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=PROJECT_ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {stderr.strip()[-2000:]}")
+    return wall, usage.ru_maxrss / 1024.0, stdout  # ru_maxrss is in KiB on Linux
+
+
+def child_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def bench_cli(trace: Path, db: Path) -> Result:
+    exe = shutil.which("tpuanalyze") or str(Path(sys.executable).with_name("tpuanalyze"))
+    remove_db(db)
+    wall, peak, _ = run_measured([exe, "ingest", str(trace), "--db", str(db)])
+    return Result("tpuanalyze ingest (CLI)", count_db_events(db), wall, None, peak)
+
+
+def bench_api(trace: Path, db: Path) -> Result:
+    remove_db(db)
+    wall, peak, out = run_measured([sys.executable, "-c", API_CHILD, str(trace), str(db)])
+    data = child_json(out)
+    return Result("ingest_paths() (API)", data["events"], wall, data["work_s"], peak)
+
+
+def bench_xprof(trace: Path) -> Result | None:
+    if not Path(XPROF_PYTHON).exists():
+        print(f"SKIP xprof baseline: no interpreter at {XPROF_PYTHON} (set TPUANALYZE_XPROF_PYTHON)")
+        return None
+    wall, peak, out = run_measured([XPROF_PYTHON, "-c", XPROF_CHILD, str(trace)])
+    data = child_json(out)
+    return Result("xprof ProfileData loop", data["events"], wall, data["work_s"], peak)
+
+
+def bench_protobuf(trace: Path) -> Result:
+    wall, peak, out = run_measured([sys.executable, "-c", PROTOBUF_CHILD, str(trace)])
+    data = child_json(out)
+    return Result("protobuf parse + iterate", data["events"], wall, data["work_s"], peak)
+
+
+def remove_db(db: Path) -> None:
+    for path in (db, db.with_name(db.name + ".wal")):
+        path.unlink(missing_ok=True)
+
+
+def db_bytes(db: Path) -> int:
+    return sum(p.stat().st_size for p in (db, db.with_name(db.name + ".wal")) if p.exists())
+
+
+def count_db_events(db: Path) -> int:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute("SELECT count(*) FROM events").fetchone()[0]
+
+
+def versions() -> str:
+    import google.protobuf
+
+    parts = [f"python {platform.python_version()}", f"duckdb {duckdb.__version__}",
+             f"protobuf {google.protobuf.__version__}"]
+    try:
+        import pyarrow
+
+        parts.append(f"pyarrow {pyarrow.__version__}")
+    except ImportError:
+        pass
+    if Path(XPROF_PYTHON).exists():
+        code = "import importlib.metadata as m; print(m.version('xprof'))"
+        probe = subprocess.run([XPROF_PYTHON, "-c", code], capture_output=True, text=True)
+        if probe.returncode == 0:
+            parts.append(f"xprof {probe.stdout.strip()}")
+    return ", ".join(parts)
+
+
+def render(results: list[Result], trace: Path, file_mb: float, db_mb: float, expected: int,
+           checks: list[tuple[str, bool, str]]) -> str:
+    xprof = next((r for r in results if r.contender.startswith("xprof")), None)
+    floor = next(r for r in results if r.contender.startswith("protobuf"))
+    header = ("| contender | events | wall s | work s | events/s | peak RSS MB | vs xprof | vs protobuf |\n"
+              "|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for r in results:
+        vs_xprof = f"{r.rate / xprof.rate:.2f}x" if xprof else "n/a"
+        rows.append(
+            f"| {r.contender} | {r.events:,} | {r.wall_s:.2f} | "
+            f"{'' if r.work_s is None else f'{r.work_s:.2f}'} | {r.rate:,.0f} | {r.peak_rss_mb:,.0f} | "
+            f"{vs_xprof} | {r.rate / floor.rate:.2f}x |"
+        )
+    lines = [
+        "# Ingest benchmark",
+        "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} CPUs "
+        f"({platform.processor() or platform.machine()}); {versions()}.",
+        "",
+        f"File: `{trace}` ({expected:,} events, {file_mb:.1f} MB, written by `make_large_xspace.py`); "
+        f"database after ingest: {db_mb:.1f} MB.",
+        "",
+        "events/s uses the work time (timed inside the process: load + iterate, or the whole ingest) when "
+        "there is one, else the wall time of the process (interpreter start included). Peak RSS is the "
+        "process's own maximum resident set (os.wait4 rusage), each contender in a fresh process.",
+        "",
+        header,
+        *rows,
+        "",
+        "Checks:",
+        "",
+        *[f"- {'PASS' if ok else 'FAIL'}: {name} ({detail})" for name, ok, detail in checks],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", type=Path, default=DEFAULT_OUT, help="written first when missing")
+    parser.add_argument("--events", type=int, default=LargeSpec.events, help="events when writing the trace")
+    parser.add_argument("--regenerate", action="store_true", help="rewrite the trace even when present")
+    parser.add_argument("--db", type=Path, default=Path("/tmp/tpuanalyze_bench/bench.duckdb"))
+    parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
+    args = parser.parse_args(argv)
+
+    if args.regenerate or not args.trace.exists():
+        print(f"writing {args.trace} ...", flush=True)
+        write_large_xspace(args.trace, LargeSpec(events=args.events))
+    expected = child_json(run_measured([sys.executable, "-c", PROTOBUF_CHILD, str(args.trace)])[2])["events"]
+    file_mb = args.trace.stat().st_size / 1e6
+    args.db.parent.mkdir(parents=True, exist_ok=True)
+
+    results: list[Result] = []
+    for name, bench in (("tpuanalyze ingest (CLI)", lambda: bench_cli(args.trace, args.db)),
+                        ("ingest_paths() (API)", lambda: bench_api(args.trace, args.db)),
+                        ("xprof ProfileData loop", lambda: bench_xprof(args.trace)),
+                        ("protobuf parse + iterate", lambda: bench_protobuf(args.trace))):
+        print(f"running {name} ...", flush=True)
+        result = bench()
+        if result is not None:
+            results.append(result)
+            print(f"  {result.events:,} events, wall {result.wall_s:.2f} s, peak {result.peak_rss_mb:.0f} MB",
+                  flush=True)
+    db_mb = db_bytes(args.db) / 1e6
+
+    ingest = results[0]
+    api = results[1]
+    xprof = next((r for r in results if r.contender.startswith("xprof")), None)
+    checks = [("database holds every event", ingest.events == expected == api.events,
+               f"{ingest.events:,} in the DB via the CLI, {api.events:,} via the API, "
+               f"{expected:,} in the file")]
+    if xprof:
+        for r in (ingest, api):
+            ratio = r.rate / xprof.rate
+            checks.append((f"{r.contender} >= {TARGET_RATIO_VS_XPROF:.0f}x xprof events/s",
+                           ratio >= TARGET_RATIO_VS_XPROF, f"{ratio:.2f}x"))
+    else:
+        checks.append(("ratio vs xprof", False, "xprof baseline skipped: interpreter missing"))
+    budget = MEMORY_FACTOR * (file_mb + db_mb)
+    for r in (ingest, api):
+        checks.append((f"{r.contender} peak RSS <= {MEMORY_FACTOR:.0f} x (file + database)",
+                       r.peak_rss_mb <= budget, f"{r.peak_rss_mb:.0f} MB vs {budget:.0f} MB"))
+
+    report = render(results, args.trace, file_mb, db_mb, expected, checks)
+    print()
+    print(report)
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(report)
+        print(f"wrote {RESULTS.relative_to(PROJECT_ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
