@@ -1,0 +1,210 @@
+"""Public analyzer API: step-time attribution, collectives, input, ops and findings for a run.
+
+    analyze_run(con, run_id, thresholds=None) -> RunAnalysis
+    analyze_db(db_path, run_ids=None) -> list[RunAnalysis]
+    report_json(analyses) -> {"runs": [summary, ...]}
+
+`RunAnalysis.summary` is exactly the JSON contract's run object (docs/json.md); the DataFrames hold the
+same numbers in detail (docs/attribution.md). The analysis reads the trace database only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+from tpuanalyze.analyzer.attribution import install_views, materialize_run
+from tpuanalyze.analyzer.collectives import collectives_frame
+from tpuanalyze.analyzer.config import load_thresholds
+from tpuanalyze.analyzer.input import host_input_work, input_frame
+from tpuanalyze.analyzer.ops import ops_frame
+from tpuanalyze.analyzer.steps import CATEGORIES, per_core_frame, per_host_frame, step_times_ms, steps_frame
+
+from tpuanalyze.errors import TpuAnalyzeError
+
+__all__ = ["RunAnalysis", "analyze_run", "analyze_db", "report_json", "install_views", "load_thresholds"]
+
+
+@dataclass
+class RunAnalysis:
+    """Everything the analyzer knows about one run (see docs/json.md and docs/attribution.md)."""
+
+    summary: dict[str, Any]
+    steps: pd.DataFrame
+    per_core: pd.DataFrame
+    per_host: pd.DataFrame
+    collectives: pd.DataFrame
+    input: pd.DataFrame
+    ops: pd.DataFrame
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    run_id: int | None = None
+
+
+def _run_row(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
+    cur = con.execute(
+        "SELECT run_id, name, source_path, source_format, device_type, num_hosts, num_devices, metadata "
+        "FROM runs WHERE run_id = ?", [int(run_id)]
+    )
+    row = cur.fetchone()
+    if row is None:
+        raise TpuAnalyzeError(f"no run with id {run_id} in the database")
+    return dict(zip([d[0] for d in cur.description], row, strict=True))
+
+
+def _device_type(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any]) -> str | None:
+    if run.get("device_type"):
+        return run["device_type"]
+    row = con.execute(
+        "SELECT any_value(device_type), any_value(kind) FROM planes "
+        "WHERE run_id = ? AND kind IN ('tpu', 'gpu') AND num_events > 0", [int(run_id)]
+    ).fetchone()
+    if row and (row[0] or row[1]):
+        return row[0] or row[1].upper()
+    return "CPU"
+
+
+def _notes(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
+           steps: pd.DataFrame) -> list[str]:
+    """Plain statements of what the trace lacks or how steps were found."""
+    notes = []
+    has_dev, has_steps_line = con.execute(
+        f"SELECT has_device_planes, has_steps_line FROM {rel['att_runs']}"
+    ).fetchone() or (False, False)
+    if not has_dev:
+        n_ops = con.execute(f"SELECT count(*) FROM {rel['att_ops']}").fetchone()[0]
+        if n_ops:
+            notes.append("no device planes with events: host-only trace; XLA CPU ops on host threads are the "
+                         "device ops (device = their device_ordinal stat)")
+        else:
+            notes.append("no device planes and no XLA op events: nothing to attribute")
+    if steps.empty:
+        notes.append("no steps: no Steps line, no XLA module executions and no step annotations (step_num)")
+    else:
+        sources = sorted(set(steps["step_source"]))
+        if "xla_modules" in sources:
+            notes.append("no Steps line: each XLA module execution on a device is treated as one step")
+        if "step_annotation" in sources:
+            notes.append("steps from host step annotations (StepTraceAnnotation step_num); input = time from "
+                         "the step's start to its first program dispatch")
+        if not has_steps_line and has_dev and "xla_modules" not in sources:
+            notes.append("no Steps line on the device planes")
+        if not (~steps["is_eval"]).any():
+            notes.append("no train steps: only eval steps")
+    return notes
+
+
+def _stats(values: Iterable[float]) -> dict[str, float | None]:
+    vals = [float(v) for v in values]
+    if not vals:
+        return {"mean": None, "median": None, "min": None, "max": None}
+    return {"mean": statistics.fmean(vals), "median": statistics.median(vals),
+            "min": min(vals), "max": max(vals)}
+
+
+def _breakdown_summary(per_core: pd.DataFrame, per_host: pd.DataFrame) -> dict[str, Any]:
+    """Mean over devices of each category's fraction of wall time, plus min/max and the worst device."""
+    if per_core.empty:
+        return {"breakdown": dict.fromkeys(CATEGORIES, 0.0), "collectives_overlapped": 0.0,
+                "across_cores": {}}
+    breakdown = {c: float(per_core[c].fillna(0).mean()) for c in CATEGORIES}
+    across: dict[str, Any] = {}
+    for c in CATEGORIES:
+        col = per_core[c].fillna(0)
+        worst = per_core.loc[col.idxmax()] if c != "compute" else per_core.loc[col.idxmin()]
+        across[c] = {
+            "mean": breakdown[c], "min": float(col.min()), "max": float(col.max()),
+            "worst_core": {"host": worst["host"], "device_ordinal": int(worst["device_ordinal"])},
+            "worst_host": (per_host.loc[per_host[c].fillna(0).idxmin() if c == "compute"
+                                        else per_host[c].fillna(0).idxmax(), "host"]),
+        }
+    return {
+        "breakdown": breakdown,
+        "collectives_overlapped": float(per_core["collectives_overlapped"].fillna(0).mean()),
+        "across_cores": across,
+    }
+
+
+def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
+                thresholds: Mapping[str, Any] | str | Path | None = None) -> RunAnalysis:
+    """Attribute one run's step time and evaluate the catalog rules. Works on read-only connections
+    (intermediate relations are TEMP tables ``ta_*`` of this connection)."""
+    from tpuanalyze.analyzer.findings import evaluate_findings  # late: findings imports api helpers
+
+    config = load_thresholds(thresholds)
+    run = _run_row(con, run_id)
+    rel = materialize_run(con, run_id, config)
+    steps = steps_frame(con, rel)
+    per_core = per_core_frame(con, rel)
+    per_host = per_host_frame(con, rel)
+    collectives = collectives_frame(con, rel)
+    inputs = input_frame(con, rel)
+    ops = ops_frame(con, run_id, rel)
+    step_ms = step_times_ms(con, rel)
+    hosts = con.execute("SELECT count(*) FROM hosts WHERE run_id = ?", [int(run_id)]).fetchone()[0]
+    devices = int(per_core.shape[0]) if not per_core.empty else int(run.get("num_devices") or 0)
+    bd = _breakdown_summary(per_core, per_host)
+    n_train = int(step_ms.shape[0])
+    summary: dict[str, Any] = {
+        "run": run["name"],
+        "device_type": _device_type(con, run_id, run),
+        "hosts": int(hosts or run.get("num_hosts") or 0),
+        "devices": devices,
+        "steps": n_train,
+        "step_time_ms": _stats(step_ms),
+        "breakdown": bd["breakdown"],
+        "collectives_overlapped": bd["collectives_overlapped"],
+        "findings": [],
+        "run_id": int(run_id),
+        "eval_steps": int(steps.loc[steps["is_eval"]].groupby("step_num", dropna=False).ngroups)
+        if not steps.empty else 0,
+        "across_cores": bd["across_cores"],
+        "notes": _notes(con, run_id, rel, steps),
+    }
+    analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
+                           collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))
+    host_work = host_input_work(con, run_id, config, rel)
+    analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
+                                          run_metadata=run.get("metadata"))
+    summary["findings"] = analysis.findings
+    return analysis
+
+
+def analyze_db(db_path: str | Path, run_ids: Iterable[int] | None = None,
+               thresholds: Mapping[str, Any] | str | Path | None = None) -> list[RunAnalysis]:
+    """Analyze runs of a database file (all trace runs when run_ids is None), read-only."""
+    path = Path(db_path)
+    if not path.exists():
+        raise TpuAnalyzeError("no such database", str(path))
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        if run_ids is None:
+            run_ids = [r[0] for r in con.execute(
+                "SELECT run_id FROM runs WHERE source_format <> 'mlperf' ORDER BY run_id").fetchall()]
+        return [analyze_run(con, rid, thresholds) for rid in run_ids]
+    finally:
+        con.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            return value.item()
+        except (ValueError, AttributeError):
+            return value
+    if isinstance(value, float) and value != value:  # NaN is not JSON
+        return None
+    return value
+
+
+def report_json(analyses: Iterable[RunAnalysis]) -> dict[str, Any]:
+    """The JSON contract (docs/json.md): {"runs": [summary, ...]}, plain JSON types only."""
+    return {"runs": [_jsonable(a.summary) for a in analyses]}

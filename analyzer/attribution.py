@@ -1,0 +1,72 @@
+"""Run the attribution SQL pipeline (analyzer/attribution.sql) for one run or as views over all runs.
+
+The interval logic lives in DuckDB (boundary sweep with window sums), never in Python loops over events,
+so it scales with the database rather than with Python memory.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from string import Template
+from typing import Any
+
+import duckdb
+from tpuanalyze.analyzer.classify import collective_kind_sql, op_category_sql, sql_literal
+
+SQL_PATH = Path(__file__).with_name("attribution.sql")
+_STAGE_RE = re.compile(r"^-- stage: (\w+)\s*$", re.MULTILINE)
+
+
+def load_stages() -> list[tuple[str, str]]:
+    """(name, SELECT text) for every stage of attribution.sql, in order."""
+    text = SQL_PATH.read_text()
+    parts = _STAGE_RE.split(text)
+    stages = []
+    for i in range(1, len(parts), 2):
+        body = parts[i + 1].strip().rstrip(";").strip()
+        stages.append((parts[i], body))
+    return stages
+
+
+STAGE_NAMES = [name for name, _ in load_stages()]
+
+
+def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, str]) -> dict[str, str]:
+    pats = config["patterns"]
+    subs = {
+        "run_filter": run_filter,
+        "collective_kind": collective_kind_sql(),
+        "op_category": op_category_sql(config),
+        "pat_eval_program": sql_literal(pats["eval_program"]),
+        "pat_eval_annotation": sql_literal(pats["eval_annotation"]),
+        "pat_dispatch": sql_literal(pats["dispatch"]),
+    }
+    subs.update(relation)
+    return subs
+
+
+def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
+                    prefix: str = "ta_") -> dict[str, str]:
+    """Create TEMP tables ``<prefix><stage>`` for one run; return stage name -> table name."""
+    relation: dict[str, str] = {}
+    for name, body in load_stages():
+        table = f"{prefix}{name}"
+        # e.run_id in joins is qualified by the USING clause; a bare run_id predicate is unambiguous
+        sql = Template(body).safe_substitute(_substitutions(config, f"run_id = {int(run_id)}", relation))
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {sql}").fetchall()
+        except duckdb.Error as exc:
+            raise RuntimeError(f"attribution stage {name} failed: {exc}") from exc
+        relation[name] = table
+    return relation
+
+
+def install_views(con: duckdb.DuckDBPyConnection, config: dict[str, Any]) -> list[str]:
+    """Create (or replace) persistent views named after the stages, over all runs of the database."""
+    relation: dict[str, str] = {}
+    for name, body in load_stages():
+        sql = Template(body).safe_substitute(_substitutions(config, "TRUE", relation))
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}").fetchall()
+        relation[name] = name
+    return list(relation)

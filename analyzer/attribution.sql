@@ -1,0 +1,317 @@
+-- tpuanalyze step-time attribution: a pipeline of named SQL stages over the trace database.
+--
+-- Each stage "-- stage: NAME" is one SELECT. tpuanalyze.analyzer.attribution runs them in order, either
+-- as TEMP tables for one run (analyze_run) or as persistent VIEWs over all runs (install_views), so
+-- users can query the same relations with `tpuanalyze sql`. Placeholders: $run_filter (a predicate on
+-- run_id), $<stage> (the relation name of an earlier stage), $op_category / $collective_kind (SQL
+-- expressions from analyzer/classify.py), $pat_* (regex literals from analyzer/thresholds.toml).
+-- Documented in docs/attribution.md.
+
+-- stage: att_runs
+-- One row per run: does it have accelerator (TPU/GPU) op events? If not, the run is "host-only" and
+-- XLA CPU ops (host thread events carrying an hlo_op stat) stand in for device ops.
+SELECT r.run_id,
+       EXISTS (SELECT 1 FROM planes p
+               WHERE p.run_id = r.run_id AND p.kind IN ('tpu', 'gpu') AND p.num_events > 0) AS has_device_planes,
+       EXISTS (SELECT 1 FROM events e
+               WHERE e.run_id = r.run_id AND e.line = 'Steps'
+                 AND (e.plane LIKE '/device:%')) AS has_steps_line
+FROM runs r
+WHERE $run_filter;
+
+-- stage: att_ops
+-- One row per device op: the attribution device (host, device), its category and collective kind.
+-- Accelerators: TPU 'XLA Ops' lines, GPU 'Stream #...' lines, plus collective spans of 'Async XLA Ops'.
+-- Host-only runs: XLA CPU op events (stat hlo_op) on host threads, device = their device_ordinal stat.
+WITH raw AS (
+    SELECT e.run_id, e.host, e.device_ordinal AS device, e.plane, e.line, e.name,
+           coalesce(nullif(e.display_name, ''), e.name) AS short_name,
+           e.hlo_category, e.hlo_module, e.program_id, e.tf_op, e.shape, e.flops, e.bytes_accessed,
+           e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE AS on_host
+    FROM events e
+    JOIN $att_runs r USING (run_id)
+    WHERE $run_filter AND r.has_device_planes
+      AND (e.plane LIKE '/device:TPU:%' OR e.plane LIKE '/device:GPU:%')
+      AND (e.line IN ('XLA Ops', 'Async XLA Ops') OR e.line LIKE 'Stream #%')
+      AND e.duration_ps > 0
+    UNION ALL
+    SELECT e.run_id, e.host,
+           coalesce(e.device_ordinal, TRY_CAST(json_extract_string(e.stats, '$.device_ordinal') AS INTEGER), 0),
+           e.plane, e.line, e.name,
+           coalesce(json_extract_string(e.stats, '$.hlo_op'), nullif(e.display_name, ''), e.name),
+           e.hlo_category,
+           coalesce(e.hlo_module, json_extract_string(e.stats, '$.hlo_module')),
+           coalesce(e.program_id, TRY_CAST(json_extract_string(e.stats, '$.program_id') AS UBIGINT)),
+           e.tf_op, e.shape, e.flops, e.bytes_accessed,
+           e.start_ps, e.duration_ps, e.group_id, e.step_num, TRUE
+    FROM events e
+    JOIN $att_runs r USING (run_id)
+    WHERE $run_filter AND NOT r.has_device_planes
+      AND e.plane LIKE '/host:%'
+      AND json_extract_string(e.stats, '$.hlo_op') IS NOT NULL
+      AND e.duration_ps > 0
+), kinded AS (
+    SELECT *, $collective_kind AS collective_kind FROM raw
+)
+SELECT *, $op_category AS category,
+       -- control-flow containers (while/conditional/call) enclose their body ops: not attributed
+       regexp_matches(lower(short_name), '^(while|conditional|call)([.]|$)') AS is_container
+FROM kinded
+-- the async line only contributes collective spans (async copies there are not core-busy time)
+WHERE line <> 'Async XLA Ops' OR collective_kind IS NOT NULL;
+
+-- stage: att_steps
+-- One row per device step: Steps line events on device planes; else XLA module executions on device
+-- planes; else (host-only runs) StepTraceAnnotation events (stat step_num) on host threads, applied to
+-- every device of that host. Eval steps by name (eval program pattern).
+WITH device_list AS (
+    SELECT DISTINCT run_id, host, device FROM $att_ops
+), steps_line AS (
+    SELECT e.run_id, e.host, e.device_ordinal AS device,
+           coalesce(e.step_num, TRY_CAST(e.name AS BIGINT), e.group_id) AS step_num,
+           e.start_ps, e.start_ps + e.duration_ps AS end_ps,
+           regexp_matches(lower(e.name), $pat_eval_program) AS named_eval, 'steps_line' AS step_source,
+           CAST(NULL AS INTEGER) AS line_index
+    FROM events e JOIN $att_runs r USING (run_id)
+    WHERE $run_filter AND r.has_device_planes AND e.line = 'Steps' AND e.plane LIKE '/device:%'
+      AND e.duration_ps > 0
+), module_steps AS (
+    SELECT e.run_id, e.host, e.device_ordinal AS device,
+           row_number() OVER (PARTITION BY e.run_id, e.host, e.device_ordinal ORDER BY e.start_ps) - 1,
+           e.start_ps, e.start_ps + e.duration_ps,
+           regexp_matches(lower(e.name), $pat_eval_program), 'xla_modules', CAST(NULL AS INTEGER)
+    FROM events e JOIN $att_runs r USING (run_id)
+    WHERE $run_filter AND r.has_device_planes AND NOT r.has_steps_line
+      AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%' AND e.duration_ps > 0
+), host_steps AS (
+    SELECT e.run_id, e.host, d.device, e.step_num, e.start_ps, e.start_ps + e.duration_ps,
+           regexp_matches(lower(e.name), $pat_eval_program), 'step_annotation', e.line_index
+    FROM events e JOIN $att_runs r USING (run_id)
+    JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
+    WHERE $run_filter AND NOT r.has_device_planes AND e.plane LIKE '/host:%'
+      AND e.step_num IS NOT NULL AND e.duration_ps > 0
+      AND json_extract_string(e.stats, '$.hlo_op') IS NULL
+)
+SELECT * FROM steps_line
+UNION ALL SELECT * FROM module_steps
+UNION ALL SELECT * FROM host_steps;
+
+-- stage: att_eval_spans
+-- Eval time decided by program: eval steps, XLA module executions of eval programs, and (host-only
+-- runs) host TraceAnnotation("eval") spans applied to every device of the host.
+WITH device_list AS (
+    SELECT DISTINCT run_id, host, device FROM $att_ops
+)
+SELECT run_id, host, device, start_ps, end_ps FROM $att_steps WHERE named_eval
+UNION ALL
+SELECT e.run_id, e.host, e.device_ordinal, e.start_ps, e.start_ps + e.duration_ps
+FROM events e JOIN $att_runs r USING (run_id)
+WHERE $run_filter AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
+  AND regexp_matches(lower(e.name), $pat_eval_program) AND e.duration_ps > 0
+UNION ALL
+SELECT e.run_id, e.host, d.device, e.start_ps, e.start_ps + e.duration_ps
+FROM events e JOIN $att_runs r USING (run_id)
+JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
+WHERE $run_filter AND NOT r.has_device_planes AND e.plane LIKE '/host:%'
+  AND regexp_matches(lower(e.name), $pat_eval_annotation) AND e.duration_ps > 0;
+
+-- stage: att_input_spans
+-- Host-only runs: inside a step annotation, the time before the step's first program dispatch
+-- (PjitFunction / Execute on the annotating thread) is the host producing the batch = input wait.
+SELECT s.run_id, s.host, s.device, s.start_ps, least(s.end_ps, min(e.start_ps)) AS end_ps
+FROM $att_steps s
+JOIN events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.line_index
+             AND e.start_ps >= s.start_ps AND e.start_ps < s.end_ps
+             AND regexp_matches(e.name, $pat_dispatch)
+WHERE s.step_source = 'step_annotation' AND NOT s.named_eval
+GROUP BY s.run_id, s.host, s.device, s.start_ps, s.end_ps;
+
+-- stage: att_intervals
+-- Everything the sweep needs, one row per (device, category, span). Categories get priorities:
+-- eval > weight_update > compute > collectives > input > output (idle = none active). Collective spans
+-- carry their kind so exposed/overlapped time can be split per kind in the same sweep.
+SELECT run_id, host, device, category, collective_kind AS kind, start_ps, start_ps + duration_ps AS end_ps
+FROM $att_ops WHERE NOT is_container
+UNION ALL SELECT run_id, host, device, 'eval', NULL, start_ps, end_ps FROM $att_eval_spans
+UNION ALL SELECT run_id, host, device, 'input', NULL, start_ps, end_ps FROM $att_input_spans WHERE end_ps > start_ps
+UNION ALL SELECT run_id, host, device, 'step', NULL, start_ps, end_ps FROM $att_steps;
+
+-- stage: att_elementary
+-- Boundary sweep: +1/-1 per category at every start/end, running sums in time order per device, and
+-- for each elementary interval [ts, next_ts) the highest-priority active category, the active
+-- collective kinds, and the step it lies in (ASOF join on the step start; step bounds are boundaries).
+WITH points AS (
+    SELECT run_id, host, device, category, kind, start_ps AS ts, 1 AS delta FROM $att_intervals
+    UNION ALL
+    SELECT run_id, host, device, category, kind, end_ps, -1 FROM $att_intervals
+), net AS (
+    SELECT run_id, host, device, ts,
+           sum(delta) FILTER (WHERE category = 'eval') AS d_eval,
+           sum(delta) FILTER (WHERE category = 'weight_update') AS d_wu,
+           sum(delta) FILTER (WHERE category = 'compute') AS d_compute,
+           sum(delta) FILTER (WHERE category = 'collectives') AS d_coll,
+           sum(delta) FILTER (WHERE category = 'input') AS d_input,
+           sum(delta) FILTER (WHERE category = 'output') AS d_output,
+           sum(delta) FILTER (WHERE category = 'step') AS d_step,
+           sum(delta) FILTER (WHERE kind = 'all-reduce') AS d_ar,
+           sum(delta) FILTER (WHERE kind = 'all-gather') AS d_ag,
+           sum(delta) FILTER (WHERE kind = 'reduce-scatter') AS d_rs,
+           sum(delta) FILTER (WHERE kind = 'all-to-all') AS d_a2a,
+           sum(delta) FILTER (WHERE kind = 'collective-permute') AS d_cp,
+           sum(delta) FILTER (WHERE kind = 'send/recv') AS d_sr
+    FROM points GROUP BY run_id, host, device, ts
+), running AS (
+    SELECT run_id, host, device, ts,
+           lead(ts) OVER w AS next_ts,
+           sum(coalesce(d_eval, 0)) OVER w AS n_eval,
+           sum(coalesce(d_wu, 0)) OVER w AS n_wu,
+           sum(coalesce(d_compute, 0)) OVER w AS n_compute,
+           sum(coalesce(d_coll, 0)) OVER w AS n_coll,
+           sum(coalesce(d_input, 0)) OVER w AS n_input,
+           sum(coalesce(d_output, 0)) OVER w AS n_output,
+           sum(coalesce(d_step, 0)) OVER w AS n_step,
+           sum(coalesce(d_ar, 0)) OVER w AS n_ar,
+           sum(coalesce(d_ag, 0)) OVER w AS n_ag,
+           sum(coalesce(d_rs, 0)) OVER w AS n_rs,
+           sum(coalesce(d_a2a, 0)) OVER w AS n_a2a,
+           sum(coalesce(d_cp, 0)) OVER w AS n_cp,
+           sum(coalesce(d_sr, 0)) OVER w AS n_sr
+    FROM net
+    WINDOW w AS (PARTITION BY run_id, host, device ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+), elementary AS (
+    SELECT run_id, host, device, ts, next_ts - ts AS len_ps,
+           CASE WHEN n_eval > 0 THEN 'eval'
+                WHEN n_wu > 0 THEN 'weight_update'
+                WHEN n_compute > 0 THEN 'compute'
+                WHEN n_coll > 0 THEN 'collectives'
+                WHEN n_input > 0 THEN 'input'
+                WHEN n_output > 0 THEN 'output'
+                ELSE 'idle' END AS category,
+           n_coll > 0 AND (n_wu > 0 OR n_compute > 0) AND n_eval = 0 AS collective_overlapped,
+           n_step > 0 AS in_step,
+           n_ar > 0 AS ar, n_ag > 0 AS ag, n_rs > 0 AS rs, n_a2a > 0 AS a2a, n_cp > 0 AS cp, n_sr > 0 AS sr
+    FROM running
+    WHERE next_ts IS NOT NULL AND next_ts > ts
+), steps AS (
+    SELECT run_id, host, device, start_ps, end_ps FROM $att_steps
+)
+SELECT x.*, CASE WHEN x.in_step AND x.ts < s.end_ps THEN s.start_ps END AS step_start
+FROM elementary x
+ASOF LEFT JOIN steps s ON s.run_id = x.run_id AND s.host = x.host AND s.device = x.device AND x.ts >= s.start_ps;
+
+-- stage: step_breakdown
+-- One row per device step with picoseconds per category (the `steps` DataFrame).
+WITH steps AS (
+    SELECT run_id, host, device, step_num, start_ps, end_ps, named_eval, step_source
+    FROM $att_steps
+), assigned AS (
+    SELECT run_id, host, device, step_start, category, len_ps, collective_overlapped
+    FROM $att_elementary WHERE step_start IS NOT NULL
+), sums AS (
+    SELECT run_id, host, device, step_start,
+           coalesce(sum(len_ps) FILTER (WHERE category = 'compute'), 0) AS compute_ps,
+           coalesce(sum(len_ps) FILTER (WHERE category = 'weight_update'), 0) AS weight_update_ps,
+           coalesce(sum(len_ps) FILTER (WHERE category = 'collectives'), 0) AS collectives_ps,
+           coalesce(sum(len_ps) FILTER (WHERE category = 'input'), 0) AS input_ps,
+           coalesce(sum(len_ps) FILTER (WHERE category = 'output'), 0) AS output_ps,
+           coalesce(sum(len_ps) FILTER (WHERE category = 'eval'), 0) AS eval_ps,
+           coalesce(sum(len_ps) FILTER (WHERE category = 'idle'), 0) AS idle_ps,
+           coalesce(sum(len_ps) FILTER (WHERE collective_overlapped), 0) AS collectives_overlapped_ps
+    FROM assigned GROUP BY ALL
+)
+SELECT s.run_id, s.host, s.device AS device_ordinal, s.step_num,
+       s.named_eval OR coalesce(m.eval_ps, 0) * 2 > (s.end_ps - s.start_ps) AS is_eval,
+       s.start_ps, s.end_ps - s.start_ps AS duration_ps,
+       coalesce(m.compute_ps, 0) AS compute_ps, coalesce(m.weight_update_ps, 0) AS weight_update_ps,
+       coalesce(m.collectives_ps, 0) AS collectives_ps, coalesce(m.input_ps, 0) AS input_ps,
+       coalesce(m.output_ps, 0) AS output_ps, coalesce(m.eval_ps, 0) AS eval_ps,
+       -- instants not covered by any elementary interval (no op at all) are idle too
+       (s.end_ps - s.start_ps) - coalesce(m.compute_ps + m.weight_update_ps + m.collectives_ps + m.input_ps
+            + m.output_ps + m.eval_ps, 0) AS idle_ps,
+       coalesce(m.collectives_overlapped_ps, 0) AS collectives_overlapped_ps,
+       s.step_source
+FROM steps s
+LEFT JOIN sums m ON m.run_id = s.run_id AND m.host = s.host AND m.device = s.device AND m.step_start = s.start_ps;
+
+-- stage: device_breakdown
+-- Per device: wall time (first step/eval start to last end) split into the contract's categories.
+-- Train steps contribute their categories; eval steps and eval spans outside steps are eval; the rest
+-- of the wall (gaps between steps) is idle (host overhead).
+WITH bounds AS (
+    SELECT run_id, host, device, min(start_ps) AS wall_start, max(end_ps) AS wall_end
+    FROM (SELECT run_id, host, device, start_ps, end_ps FROM $att_steps
+          UNION ALL SELECT run_id, host, device, start_ps, end_ps FROM $att_eval_spans)
+    GROUP BY ALL
+), outside_eval AS (
+    SELECT x.run_id, x.host, x.device, sum(x.len_ps) AS eval_ps
+    FROM $att_elementary x JOIN bounds b USING (run_id, host, device)
+    WHERE NOT x.in_step AND x.category = 'eval' AND x.ts >= b.wall_start AND x.ts < b.wall_end
+    GROUP BY ALL
+), per_step AS (
+    SELECT run_id, host, device_ordinal AS device,
+           count(*) FILTER (WHERE NOT is_eval) AS train_steps,
+           count(*) FILTER (WHERE is_eval) AS eval_steps,
+           sum(duration_ps) FILTER (WHERE NOT is_eval) AS train_ps,
+           avg(duration_ps) FILTER (WHERE NOT is_eval) AS mean_step_ps,
+           sum(duration_ps) AS steps_ps,
+           sum(duration_ps) FILTER (WHERE is_eval) AS eval_step_ps,
+           sum(compute_ps) FILTER (WHERE NOT is_eval) AS compute_ps,
+           sum(weight_update_ps) FILTER (WHERE NOT is_eval) AS weight_update_ps,
+           sum(collectives_ps) FILTER (WHERE NOT is_eval) AS collectives_ps,
+           sum(input_ps) FILTER (WHERE NOT is_eval) AS input_ps,
+           sum(output_ps) FILTER (WHERE NOT is_eval) AS output_ps,
+           sum(eval_ps) FILTER (WHERE NOT is_eval) AS eval_in_train_ps,
+           sum(idle_ps) FILTER (WHERE NOT is_eval) AS idle_in_steps_ps,
+           sum(collectives_overlapped_ps) FILTER (WHERE NOT is_eval) AS collectives_overlapped_ps
+    FROM $step_breakdown GROUP BY ALL
+)
+SELECT b.run_id, b.host, b.device AS device_ordinal,
+       coalesce(p.train_steps, 0) AS train_steps, coalesce(p.eval_steps, 0) AS eval_steps,
+       b.wall_end - b.wall_start AS wall_ps, p.mean_step_ps,
+       coalesce(p.compute_ps, 0) AS compute_ps, coalesce(p.weight_update_ps, 0) AS weight_update_ps,
+       coalesce(p.collectives_ps, 0) AS collectives_ps, coalesce(p.input_ps, 0) AS input_ps,
+       coalesce(p.output_ps, 0) AS output_ps,
+       coalesce(p.eval_step_ps, 0) + coalesce(p.eval_in_train_ps, 0) + coalesce(o.eval_ps, 0) AS eval_ps,
+       (b.wall_end - b.wall_start) - coalesce(p.compute_ps, 0) - coalesce(p.weight_update_ps, 0)
+         - coalesce(p.collectives_ps, 0) - coalesce(p.input_ps, 0) - coalesce(p.output_ps, 0)
+         - coalesce(p.eval_step_ps, 0) - coalesce(p.eval_in_train_ps, 0) - coalesce(o.eval_ps, 0) AS idle_ps,
+       coalesce(p.idle_in_steps_ps, 0) AS idle_in_steps_ps,
+       coalesce(p.collectives_overlapped_ps, 0) AS collectives_overlapped_ps
+FROM bounds b
+LEFT JOIN per_step p USING (run_id, host, device)
+LEFT JOIN outside_eval o USING (run_id, host, device);
+
+-- stage: collective_time
+-- Per device step and collective kind: exposed time (category collectives: no compute, update or eval
+-- runs) and overlapped time (hidden under compute/update). An instant where k kinds are active is
+-- split evenly between them, so the kinds sum to the step's collectives / collectives_overlapped.
+WITH flagged AS (
+    SELECT run_id, host, device, step_start, category, collective_overlapped,
+           len_ps / (ar::INTEGER + ag::INTEGER + rs::INTEGER + a2a::INTEGER + cp::INTEGER + sr::INTEGER) AS share,
+           ar, ag, rs, a2a, cp, sr
+    FROM $att_elementary
+    WHERE step_start IS NOT NULL AND (ar OR ag OR rs OR a2a OR cp OR sr)
+), per_kind AS (
+    SELECT run_id, host, device, step_start, category, collective_overlapped, share,
+           unnest([CASE WHEN ar THEN 'all-reduce' END, CASE WHEN ag THEN 'all-gather' END,
+                   CASE WHEN rs THEN 'reduce-scatter' END, CASE WHEN a2a THEN 'all-to-all' END,
+                   CASE WHEN cp THEN 'collective-permute' END, CASE WHEN sr THEN 'send/recv' END]) AS kind
+    FROM flagged
+)
+SELECT run_id, host, device AS device_ordinal, step_start, kind,
+       coalesce(sum(share) FILTER (WHERE category = 'collectives'), 0) AS exposed_ps,
+       coalesce(sum(share) FILTER (WHERE collective_overlapped), 0) AS overlapped_ps
+FROM per_kind WHERE kind IS NOT NULL
+GROUP BY ALL;
+
+-- stage: op_steps
+-- Every attributed device op with the step it starts in (NULL outside steps) and that step's eval flag.
+SELECT o.run_id, o.host, o.device AS device_ordinal, o.short_name, o.name, o.category, o.collective_kind,
+       o.hlo_category, o.hlo_module, o.tf_op, o.shape, o.flops, o.bytes_accessed, o.start_ps, o.duration_ps,
+       o.line, o.is_container,
+       CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.step_num END AS step_num,
+       CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.start_ps END AS step_start,
+       CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.is_eval END AS step_is_eval
+FROM $att_ops o
+ASOF LEFT JOIN $step_breakdown s
+    ON s.run_id = o.run_id AND s.host = o.host AND s.device_ordinal = o.device AND o.start_ps >= s.start_ps;

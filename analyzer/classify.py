@@ -1,0 +1,85 @@
+"""Op -> attribution category and collective kind, as SQL expressions over an op row.
+
+Works on real XProf traces (hlo_category values, HLO op names such as ``all-reduce-start``), GPU kernel
+names (NCCL/RCCL) and XLA CPU op names; the optimizer is recognised from configurable name patterns
+(analyzer/thresholds.toml ``[patterns]``), never from generator-specific markers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+COLLECTIVE_KINDS = (
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "send/recv",
+)
+
+# HLO short names (display_name) of collectives, incl. async -start/-done halves. catalog §4.
+_HLO_KIND_REGEX = {
+    # psum/pmean: JAX names of its all-reduce computations on CPU traces
+    "all-reduce": r"^%?(all-reduce|allreduce|all_reduce|cross-replica-sum|psum|pmean|pmax|pmin)([.\-_]|$)",
+    "all-gather": r"^%?(all-gather|allgather|all_gather)([.\-_]|$)",
+    "reduce-scatter": r"^%?(reduce-scatter|reducescatter|reduce_scatter)([.\-_]|$)",
+    "all-to-all": r"^%?(all-to-all|alltoall|all_to_all|ragged-all-to-all)([.\-_]|$)",
+    "collective-permute": r"^%?(collective-permute|collectivepermute|collective_permute)([.\-_]|$)",
+    "send/recv": r"^%?(send|recv|send-done|recv-done)([.\-_]|$)",
+}
+# NCCL / RCCL kernel names on GPU streams.
+_GPU_KIND_REGEX = {
+    "all-reduce": r"(nccl|rccl).*all_?reduce",
+    "all-gather": r"(nccl|rccl).*all_?gather",
+    "reduce-scatter": r"(nccl|rccl).*reduce_?scatter",
+    "all-to-all": r"(nccl|rccl).*(all_?to_?all|sendrecv)",
+    "send/recv": r"(nccl|rccl).*(send|recv)",
+}
+
+
+def sql_literal(text: str) -> str:
+    """A SQL string literal (single quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def collective_kind_sql() -> str:
+    """CASE expression: the collective kind of an op row (NULL for non-collectives)."""
+    hlo_cat = "lower(coalesce(hlo_category, ''))"
+    sname = "lower(short_name)"
+    arms = []
+    for kind, regex in _HLO_KIND_REGEX.items():
+        cat_name = kind if kind != "send/recv" else "send"
+        if kind == "send/recv":
+            cat_test = f"{hlo_cat} IN ('send', 'recv')"
+        else:
+            cat_test = f"{hlo_cat} = {sql_literal(cat_name)}"
+        name_test = f"regexp_matches({sname}, {sql_literal(regex)})"
+        arms.append(f"WHEN {cat_test} OR {name_test} THEN {sql_literal(kind)}")
+    for kind, regex in _GPU_KIND_REGEX.items():
+        arms.append(f"WHEN regexp_matches({sname}, {sql_literal(regex)}) THEN {sql_literal(kind)}")
+    return "CASE " + " ".join(arms) + " ELSE NULL END"
+
+
+def op_category_sql(config: dict[str, Any]) -> str:
+    """CASE expression: the attribution category of an op row (needs column collective_kind).
+
+    Order: collectives, input (infeed / host-to-device copy), output (outfeed / device-to-host),
+    weight_update (optimizer name patterns on tf_op, op name or module), else compute.
+    """
+    wu = sql_literal(config["patterns"]["weight_update"])
+    hlo_cat = "lower(coalesce(hlo_category, ''))"
+    sname = "lower(short_name)"
+    return (
+        "CASE WHEN collective_kind IS NOT NULL THEN 'collectives' "
+        f"WHEN {hlo_cat} LIKE 'infeed%' OR regexp_matches({sname}, '^%?infeed([.\\-_]|$)') "
+        f"OR regexp_matches({sname}, '(memcpyh2d|memcpy htod|copyhosttodevice)') THEN 'input' "
+        f"WHEN {hlo_cat} LIKE 'outfeed%' OR regexp_matches({sname}, '^%?outfeed([.\\-_]|$)') "
+        f"OR regexp_matches({sname}, '(memcpyd2h|memcpy dtoh|copydevicetohost)') THEN 'output' "
+        f"WHEN regexp_matches(lower(coalesce(tf_op, '')), {wu}) OR regexp_matches({sname}, {wu}) "
+        f"OR regexp_matches(lower(coalesce(hlo_module, '')), {wu}) THEN 'weight_update' "
+        "ELSE 'compute' END"
+    )
+
+
+def dtype_sql(column: str = "coalesce(shape, name)") -> str:
+    """The element type of an op from its shape text (e.g. ``f32[25557032]`` -> ``f32``)."""
+    return (
+        f"nullif(regexp_extract({column}, "
+        "'(bf16|f16|f32|f64|f8e4m3fn|f8e5m2|s8|s16|s32|s64|u8|u16|u32|u64|pred|c64|c128)\\[', 1), '')"
+    )

@@ -1,0 +1,36 @@
+"""Top ops by self time, with category, FLOPs, bytes and FLOP utilization against the device peak."""
+
+from __future__ import annotations
+
+import duckdb
+import pandas as pd
+
+
+def ops_frame(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str]) -> pd.DataFrame:
+    """One row per op name (and module) over the train and eval steps, most self time first.
+
+    Self time is the op's duration: device op lines are flat (control-flow containers are excluded),
+    and async halves on the 'Async XLA Ops' line are left out so nothing counts twice.
+    flop_utilization = FLOPs / (self time x the device's peak FLOP/s), where the plane states a peak.
+    """
+    return con.execute(
+        f"""WITH peaks AS (
+                SELECT host, device_ordinal, max(peak_tflops) * 1e12 AS peak_flops
+                FROM planes WHERE run_id = {int(run_id)} AND device_ordinal IS NOT NULL GROUP BY ALL
+            ), o AS (
+                SELECT o.short_name, o.hlo_module, coalesce(o.collective_kind, o.category) AS kind,
+                       o.category, o.duration_ps, o.flops, o.bytes_accessed, p.peak_flops
+                FROM {rel['op_steps']} o
+                LEFT JOIN peaks p ON p.host = o.host AND p.device_ordinal = o.device_ordinal
+                WHERE o.step_start IS NOT NULL AND NOT o.is_container AND o.line <> 'Async XLA Ops'
+            ), total AS (SELECT sum(duration_ps) AS t FROM o)
+            SELECT short_name AS name, any_value(category) AS category, any_value(kind) AS kind,
+                   hlo_module, count(*) AS count,
+                   sum(duration_ps) / 1e9 AS self_time_ms,
+                   sum(duration_ps) / any_value(total.t) AS share,
+                   sum(flops) AS flops, sum(bytes_accessed) AS bytes_accessed,
+                   sum(flops) / nullif(sum(duration_ps * peak_flops) / 1e12, 0) AS flop_utilization
+            FROM o, total
+            GROUP BY short_name, hlo_module
+            ORDER BY self_time_ms DESC, name"""
+    ).df()
