@@ -113,3 +113,25 @@ def screenshot(
     if proc.returncode != 0 or not png.exists():
         raise RuntimeError(f"chromium screenshot failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return png
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Usage: ``python -m tpuanalyze.reports.browser screenshot REPORT OUT.png [WIDTH HEIGHT]``
+    or ``python -m tpuanalyze.reports.browser check REPORT``."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) >= 3 and args[0] == "screenshot":
+        size = [int(v) for v in args[3:5]] or [1400, 2400]
+        print(screenshot(args[1], args[2], *size))
+        return 0
+    if len(args) == 2 and args[0] == "check":
+        page = render(args[1])
+        print(json.dumps(page.status, indent=2))
+        return 0 if page.status.get("done") and not page.status.get("errors") else 1
+    print(main.__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -43,6 +43,8 @@ PS_PER_MS = 1e9
 MAX_HEATMAP_CORE_ROWS = 64
 # Above this many steps the per-step charts fold consecutive steps into bins of equal width.
 MAX_STEP_COLUMNS = 120
+# The heatmap folds steps into bins to stay under this many cells (512 hosts x 10 steps fits).
+MAX_HEATMAP_CELLS = 6000
 # Ops and bars beyond these counts are left to the tables / SQL.
 TOP_OPS = 20
 MAX_INPUT_BARS = 64
@@ -83,12 +85,12 @@ def step_category_ms(steps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def step_bins(step_nums: pd.Series) -> tuple[pd.Series, int]:
-    """Label each step with its bin's first step; bins of equal width keep <= MAX_STEP_COLUMNS columns."""
+def step_bins(step_nums: pd.Series, max_columns: int = MAX_STEP_COLUMNS) -> tuple[pd.Series, int]:
+    """Label each step with its bin's first step; bins of equal width keep <= max_columns columns."""
     unique = sorted(step_nums.dropna().unique())
-    if len(unique) <= MAX_STEP_COLUMNS:
+    if len(unique) <= max_columns:
         return step_nums, 1
-    width = math.ceil(len(unique) / MAX_STEP_COLUMNS)
+    width = math.ceil(len(unique) / max_columns)
     rank = {s: i for i, s in enumerate(unique)}
     first = {s: unique[(rank[s] // width) * width] for s in unique}
     return step_nums.map(first), width
@@ -204,8 +206,10 @@ def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
             "step_ms": train["duration_ps"].astype("float64") / PS_PER_MS,
         }
     )
-    frame["step"], width = step_bins(train["step_num"])
     n_cores = frame[["host", "device_ordinal"]].drop_duplicates().shape[0]
+    n_rows = n_cores if n_cores <= MAX_HEATMAP_CORE_ROWS else frame["host"].nunique()
+    max_columns = max(10, min(MAX_STEP_COLUMNS, MAX_HEATMAP_CELLS // max(1, n_rows)))
+    frame["step"], width = step_bins(train["step_num"], max_columns)
     if n_cores <= MAX_HEATMAP_CORE_ROWS:
         frame["row"] = _core_label(frame["host"], frame["device_ordinal"])
         cells = frame.groupby(["row", "step"], as_index=False).agg(step_ms=("step_ms", "mean"))

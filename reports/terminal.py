@@ -8,7 +8,9 @@ the width is then fixed at 100 columns so the layout does not depend on the envi
 
 from __future__ import annotations
 
+import io
 import math
+import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -228,3 +230,21 @@ def overview_table(analyses: Sequence[Any]) -> Table:
             findings[0].rule if findings else "none",
         )
     return table
+
+
+def render_text(analyses: Sequence[Any], width: int = WIDTH) -> str:
+    """The summary as plain text (no escape codes, no trailing blanks), for pipes, files and tests."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, highlight=False, no_color=True, force_terminal=False)
+    render_runs(analyses, console)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+
+
+def print_summary(analyses: Sequence[Any], file: IO[str] | None = None) -> None:
+    """Colors and the terminal's width (up to 100) on a terminal; plain 100-column text otherwise."""
+    stream = file or sys.stdout
+    if getattr(stream, "isatty", None) and stream.isatty():
+        render_runs(analyses, make_console(stream))
+    else:
+        stream.write(render_text(analyses))
+        stream.flush()

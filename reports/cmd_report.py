@@ -1,0 +1,234 @@
+"""``tpuanalyze report PATH... [--db FILE] [--json FILE] [--html FILE] [--thresholds FILE]``.
+
+PATH is either trace files/folders (ingested on the fly) or one existing ``.duckdb`` database.
+Traces go into ``--db FILE`` when given (kept, so the findings' SQL can be rerun with
+``tpuanalyze sql``), else into a temporary database that is deleted afterwards: a report should
+not leave a database of possibly gigabytes behind unasked. The terminal summary goes to stdout;
+progress and "wrote ..." lines go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from tpuanalyze.reports import progress
+
+from tpuanalyze.errors import TpuAnalyzeError
+
+DUCKDB_MAGIC = b"DUCK"  # bytes 8..12 of every DuckDB database file
+
+
+def is_duckdb_file(path: Path) -> bool:
+    """A DuckDB database, recognised by its header rather than its name."""
+    if not path.is_file():
+        return False
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(12)
+    except OSError:
+        return False
+    return len(head) == 12 and head[8:12] == DUCKDB_MAGIC
+
+
+def _check_exists(paths: Sequence[Path]) -> None:
+    for path in paths:
+        if not path.exists():
+            raise TpuAnalyzeError("no such file or directory", str(path))
+
+
+def _ingest(paths: Sequence[Path], db_path: Path, show_progress: bool) -> list[int]:
+    from tpuanalyze.store.ingest import ingest_paths
+
+    summary = ingest_paths(list(paths), db_path, progress=show_progress)
+    return list(summary.run_ids)
+
+
+def _select_runs(con: Any, db_path: Path, selectors: Sequence[str]) -> list[int]:
+    """Trace runs of the database (MLPerf-only runs have no trace to analyse), optionally by name or id."""
+    rows = con.execute("SELECT run_id, name, source_path, source_format FROM runs ORDER BY run_id").fetchall()
+    trace_runs = [r for r in rows if r[3] != "mlperf"]
+    if not selectors:
+        return [r[0] for r in trace_runs]
+    chosen: list[int] = []
+    for selector in selectors:
+        match = [
+            r[0] for r in trace_runs if selector in (str(r[0]), r[1], r[2]) or r[1].endswith(f"/{selector}")
+        ]
+        if not match:
+            names = ", ".join(f"{r[0]}:{r[1]}" for r in trace_runs[:10]) or "none"
+            raise TpuAnalyzeError(f"no trace run '{selector}' in the database (runs: {names})", str(db_path))
+        chosen += [m for m in match if m not in chosen]
+    return chosen
+
+
+def analyse(
+    db_path: Path,
+    run_ids: Sequence[int] | None,
+    selectors: Sequence[str],
+    thresholds: Path | None,
+    show_progress: bool,
+) -> list[Any]:
+    """RunAnalysis of each selected run, read-only, with a progress bar over runs."""
+    import duckdb
+    from tpuanalyze.analyzer.api import analyze_run, load_thresholds
+
+    config = load_thresholds(thresholds) if thresholds is not None else None
+    try:
+        con = duckdb.connect(str(db_path), read_only=True)
+    except duckdb.Error as exc:
+        raise TpuAnalyzeError(f"cannot open database: {exc}", str(db_path)) from exc
+    try:
+        if run_ids is None:
+            run_ids = _select_runs(con, db_path, selectors)
+        else:
+            formats = dict(con.execute("SELECT run_id, source_format FROM runs").fetchall())
+            run_ids = [r for r in run_ids if formats.get(r) != "mlperf"]
+        if not run_ids:
+            raise TpuAnalyzeError(
+                "no trace runs to report (MLPerf logs: use `tpuanalyze mlperf`)", str(db_path)
+            )
+        analyses = []
+        with progress.progress_bar(len(run_ids), "analysing", enabled=show_progress) as bar:
+            for run_id in run_ids:
+                analyses.append(analyze_run(con, run_id, config))
+                bar.advance(1, note=str(analyses[-1].summary.get("run", run_id)))
+        return analyses
+    finally:
+        con.close()
+
+
+def _write_json(analyses: Sequence[Any], target: str) -> None:
+    from tpuanalyze.analyzer.api import report_json
+
+    text = json.dumps(report_json(analyses), indent=2, allow_nan=False) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        Path(target).write_text(text, encoding="utf-8")
+        click.echo(f"wrote {target} (JSON, {len(text.encode()):,} bytes)", err=True)
+
+
+def _write_html(analyses: Sequence[Any], target: Path, show_progress: bool) -> None:
+    from tpuanalyze.reports.html import write_html
+
+    with progress.phase("writing HTML report", enabled=show_progress):
+        size = write_html(analyses, target)
+    click.echo(f"wrote {target} (HTML, {size / 1e6:.2f} MB, self-contained)", err=True)
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Ingest the traces into this database file and keep it (default: a temporary one).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=str,
+    default=None,
+    metavar="FILE",
+    help="Write the JSON report (contract: docs/json.md) to FILE ('-' for stdout).",
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write one self-contained HTML report (works offline) to FILE.",
+)
+@click.option(
+    "--thresholds",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML file overriding analyzer thresholds (shape of analyzer/thresholds.toml).",
+)
+@click.option(
+    "--run",
+    "run_selectors",
+    multiple=True,
+    metavar="NAME|ID",
+    help="With a database PATH: report only these runs (repeatable; default all trace runs).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No terminal summary (only the files asked for).")
+@click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="Progress bars on stderr (default: only when stderr is a terminal).",
+)
+def command(
+    paths: tuple[Path, ...],
+    db_path: Path | None,
+    json_path: str | None,
+    html_path: Path | None,
+    thresholds: Path | None,
+    run_selectors: tuple[str, ...],
+    quiet: bool,
+    show_progress: bool | None,
+) -> None:
+    """Analyse traces (or a tpuanalyze database) and report: terminal summary, --html, --json.
+
+    \b
+    Examples:
+      tpuanalyze report sample_traces/generated/resnet50_v3-32 --html report.html
+      tpuanalyze report run1/ run2/ --db runs.duckdb --json report.json
+      tpuanalyze report runs.duckdb --run 2 --html run2.html
+    """
+    _check_exists(paths)
+    if thresholds is not None and not thresholds.is_file():
+        raise TpuAnalyzeError("no such thresholds file", str(thresholds))
+    show = progress.resolve_enabled(show_progress)
+    databases = [p for p in paths if is_duckdb_file(p)]
+    if databases:
+        if len(paths) > 1:
+            raise TpuAnalyzeError("give either one database or trace paths, not both", str(databases[0]))
+        if db_path is not None:
+            raise TpuAnalyzeError(
+                "--db is for ingesting traces; the PATH is already a database", str(db_path)
+            )
+        analyses = analyse(databases[0], None, run_selectors, thresholds, show)
+        database_note = str(databases[0])
+    else:
+        if run_selectors:
+            raise TpuAnalyzeError("--run selects runs of a database PATH; trace PATHs are all reported")
+        with tempfile.TemporaryDirectory(prefix="tpuanalyze-report-") as tmp:
+            target = db_path if db_path is not None else Path(tmp) / "report.duckdb"
+            run_ids = _ingest(paths, target, show)
+            analyses = analyse(target, run_ids, (), thresholds, show)
+        database_note = str(db_path) if db_path is not None else None
+    emit_reports(analyses, json_path, html_path, quiet, show, database_note)
+
+
+def emit_reports(
+    analyses: Sequence[Any],
+    json_path: str | None,
+    html_path: Path | None,
+    quiet: bool,
+    show_progress: bool,
+    database: str | None,
+) -> None:
+    """Terminal summary (unless quiet or JSON goes to stdout), then the files."""
+    from tpuanalyze.reports import terminal
+
+    if not quiet and json_path != "-":
+        terminal.print_summary(analyses)
+        if database is None:
+            click.echo(
+                "(temporary database; add --db FILE to keep it and rerun the findings' SQL "
+                "with `tpuanalyze sql`)",
+                err=True,
+            )
+    if json_path is not None:
+        _write_json(analyses, json_path)
+    if html_path is not None:
+        _write_html(analyses, html_path, show_progress)
