@@ -129,6 +129,27 @@ def _breakdown_summary(per_core: pd.DataFrame, per_host: pd.DataFrame) -> dict[s
     }
 
 
+def _batch_and_first_conv(con: duckdb.DuckDBPyConnection,
+                          rel: dict[str, str]) -> tuple[float | None, float | None]:
+    """Per-core batch from the infeed shape's leading dimension (most common), and the mean time per
+    train device-step of the step's first convolution (conv0, catalog §3.9)."""
+    row = con.execute(
+        f"""SELECT mode(TRY_CAST(nullif(regexp_extract(coalesce(shape, name), '[a-z0-9]+\\[(\\d+)', 1), '')
+                                AS DOUBLE))
+            FROM {rel['op_steps']} WHERE category = 'input' AND step_start IS NOT NULL"""
+    ).fetchall()
+    batch = row[0][0] if row else None
+    conv = con.execute(
+        f"""WITH firsts AS (
+                SELECT arg_min(duration_ps, start_ps) AS d FROM {rel['op_steps']}
+                WHERE step_start IS NOT NULL AND NOT step_is_eval AND NOT is_container
+                  AND lower(coalesce(hlo_category, '')) LIKE '%convolution%'
+                GROUP BY host, device_ordinal, step_start)
+            SELECT avg(d) / 1e9 FROM firsts"""
+    ).fetchall()
+    return batch, (conv[0][0] if conv else None)
+
+
 def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
                 thresholds: Mapping[str, Any] | str | Path | None = None) -> RunAnalysis:
     """Attribute one run's step time and evaluate the catalog rules. Works on read-only connections
@@ -168,8 +189,10 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
                            collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))
     host_work = host_input_work(con, run_id, config, rel)
+    infeed_batch, first_conv_ms = _batch_and_first_conv(con, rel)
     analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
-                                          run_metadata=run.get("metadata"))
+                                          run_metadata=run.get("metadata"), infeed_batch=infeed_batch,
+                                          first_conv_ms=first_conv_ms)
     summary["findings"] = analysis.findings
     return analysis
 

@@ -18,13 +18,15 @@ def ops_frame(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str]) 
                 SELECT host, device_ordinal, max(peak_tflops) * 1e12 AS peak_flops
                 FROM planes WHERE run_id = {int(run_id)} AND device_ordinal IS NOT NULL GROUP BY ALL
             ), o AS (
-                SELECT o.short_name, o.hlo_module, coalesce(o.collective_kind, o.category) AS kind,
+                SELECT o.short_name, o.hlo_module, o.hlo_category,
+                       coalesce(o.collective_kind, o.category) AS kind,
                        o.category, o.duration_ps, o.flops, o.bytes_accessed, p.peak_flops
                 FROM {rel['op_steps']} o
                 LEFT JOIN peaks p ON p.host = o.host AND p.device_ordinal = o.device_ordinal
                 WHERE o.step_start IS NOT NULL AND NOT o.is_container AND o.line <> 'Async XLA Ops'
             ), total AS (SELECT sum(duration_ps) AS t FROM o)
             SELECT short_name AS name, any_value(category) AS category, any_value(kind) AS kind,
+                   any_value(hlo_category) AS hlo_category,
                    hlo_module, count(*) AS count,
                    sum(duration_ps) / 1e9 AS self_time_ms,
                    sum(duration_ps) / any_value(total.t) AS share,
