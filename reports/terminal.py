@@ -69,6 +69,8 @@ def header(summary: dict) -> Panel:
     overlapped = summary.get("collectives_overlapped")
     if isinstance(overlapped, (int, float)) and overlapped:
         grid.add_row("overlapped", f"{overlapped:.1%} of wall time is collectives hidden under compute")
+    for note in summary.get("notes") or []:
+        grid.add_row("note", Text(str(note), style="yellow"))
     return Panel(
         grid, title=f"[bold]run {summary.get('run', '?')}[/bold]", title_align="left", box=box.ROUNDED
     )
@@ -84,12 +86,17 @@ def breakdown_table(summary: dict, steps: Any) -> Table:
     table.add_column("category")
     table.add_column("share", justify="right")
     table.add_column("ms/step", justify="right")
+    table.add_column("cores min-max", justify="right")
     table.add_column("", no_wrap=True)
     for row in view.breakdown_rows(summary, steps):
+        spread = "–"
+        if row.min_share is not None and row.max_share is not None:
+            spread = f"{row.min_share:.1%}-{row.max_share:.1%}"
         table.add_row(
             row.label,
             f"{row.share:6.1%}",
             _num(row.ms_per_step),
+            spread,
             _bar(row.share, CATEGORY_COLORS[row.category]),
         )
     return table
@@ -154,11 +161,9 @@ def findings_block(findings: list[view.FindingView]) -> Group | Text:
         grid.add_column(width=3)
         grid.add_column(style="dim", width=15)
         grid.add_column(ratio=1, overflow="fold")
-        evidence = finding.evidence_text
+        grid.add_row("", "evidence", finding.evidence_text or "–")
         if finding.evidence_items:
-            items = "; ".join(f"{k} {v}" for k, v in finding.evidence_items)
-            evidence = f"{evidence} ({items})" if evidence else items
-        grid.add_row("", "evidence", evidence or "–")
+            grid.add_row("", "measured", "; ".join(f"{k} {v}" for k, v in finding.evidence_items))
         grid.add_row("", "recommendation", finding.recommendation or "–")
         if finding.catalog:
             grid.add_row("", "catalog", finding.catalog)

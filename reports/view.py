@@ -29,6 +29,7 @@ class FindingView:
     gain_fraction: float | None  # estimated step-time saving as a fraction of step time, if known
     gain_ms: float | None
     gain_text: str
+    gain_model: str = ""  # how the estimate was made (the catalog cost model), when given
     evidence_text: str
     evidence_items: list[tuple[str, str]] = field(default_factory=list)
     sql: list[str] = field(default_factory=list)
@@ -59,6 +60,13 @@ def format_value(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}={format_value(v)}" for k, v in value.items())
     return str(value)
+
+
+def format_metric(name: str, value: Any) -> str:
+    """Like format_value, but fractions (by their name) as percentages."""
+    if _is_number(value) and any(word in name for word in ("fraction", "share", "_frac", "utilization")):
+        return f"{float(value):.1%}"
+    return format_value(value)
 
 
 def _gain(raw: Any) -> tuple[float | None, float | None, str]:
@@ -121,14 +129,18 @@ def _evidence(raw: Any) -> tuple[str, list[tuple[str, str]], list[str]]:
             if key in SQL_KEYS or key.endswith("_sql"):
                 values = value if isinstance(value, (list, tuple)) else [value]
                 sqls += [str(v).strip() for v in values if v]
+            elif isinstance(value, dict):  # e.g. {"metrics": {name: number}}: one item per number
+                items += [(k.replace("_", " "), format_metric(k, v)) for k, v in value.items()]
             else:
-                items.append((key.replace("_", " "), format_value(value)))
+                items.append((key.replace("_", " "), format_metric(key, value)))
         return text, items, sqls
     return str(raw), [], []
 
 
 def finding_view(finding: dict) -> FindingView:
-    fraction, ms, gain_text = _gain(finding.get("estimated_gain"))
+    raw_gain = finding.get("estimated_gain")
+    fraction, ms, gain_text = _gain(raw_gain)
+    gain_model = str(raw_gain.get("model") or "") if isinstance(raw_gain, dict) else ""
     text, items, sqls = _evidence(finding.get("evidence"))
     if finding.get("sql"):
         extra = finding["sql"]
@@ -142,6 +154,7 @@ def finding_view(finding: dict) -> FindingView:
         gain_fraction=fraction,
         gain_ms=ms,
         gain_text=gain_text,
+        gain_model=gain_model,
         evidence_text=text,
         evidence_items=items,
         sql=sqls,
@@ -180,6 +193,9 @@ class BreakdownRow:
     label: str
     share: float
     ms_per_step: float | None
+    min_share: float | None = None  # across cores (summary["across_cores"], when the analyzer gives it)
+    max_share: float | None = None
+    worst: str = ""  # the core (host : ordinal) that is worst for this category
 
 
 def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[BreakdownRow]:
@@ -189,6 +205,7 @@ def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[Bre
     milliseconds come from the per-step rows (mean over train steps and cores), not share x step time.
     """
     breakdown = summary.get("breakdown") or {}
+    across = summary.get("across_cores") or {}
     ms_by_category: dict[str, float] = {}
     if steps is not None and not steps.empty:
         train = steps
@@ -205,7 +222,14 @@ def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[Bre
     for category in CATEGORIES:
         share = breakdown.get(category)
         share = float(share) if _is_number(share) else 0.0
-        rows.append(BreakdownRow(category, CATEGORY_LABELS[category], share, ms_by_category.get(category)))
+        row = BreakdownRow(category, CATEGORY_LABELS[category], share, ms_by_category.get(category))
+        spread = across.get(category) if isinstance(across.get(category), dict) else {}
+        row.min_share = float(spread["min"]) if _is_number(spread.get("min")) else None
+        row.max_share = float(spread["max"]) if _is_number(spread.get("max")) else None
+        core = spread.get("worst_core")
+        if isinstance(core, dict) and core.get("host") is not None and row.max_share != row.min_share:
+            row.worst = f"{core.get('host')} : {core.get('device_ordinal')}"
+        rows.append(row)
     return rows
 
 
