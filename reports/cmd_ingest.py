@@ -1,0 +1,37 @@
+"""``tpuanalyze ingest PATH... --db FILE``: read traces into the DuckDB trace database."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from tpuanalyze.store.ingest import ingest_paths
+
+
+@click.command("ingest")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option(
+    "--db", "db_path", required=True, type=click.Path(dir_okay=False), help="DuckDB file (created)."
+)
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar (default: only when stderr is a terminal).",
+)
+def command(paths: tuple[str, ...], db_path: str, progress: bool | None) -> None:
+    """Ingest XSpace (.xplane.pb) and Chrome-trace JSON files, run folders or logdirs.
+
+    All or nothing: a bad file leaves the database unchanged. Re-ingesting a path replaces its run.
+    """
+    show = sys.stderr.isatty() if progress is None else progress
+    summary = ingest_paths(list(paths), db_path, progress=show)
+    for note in summary.notes:
+        click.echo(f"note: {note}", err=True)
+    replaced = ""
+    if summary.replaced_run_ids:
+        replaced = f", replaced run(s) {', '.join(map(str, summary.replaced_run_ids))}"
+    ids = ", ".join(map(str, summary.run_ids))
+    click.echo(
+        f"ingested {summary.runs} run(s) [run_id {ids}], {summary.hosts} host(s), {summary.planes} planes, "
+        f"{summary.events:,} events in {summary.seconds:.2f} s into {db_path}{replaced}"
+    )

@@ -1,0 +1,87 @@
+"""``tpuanalyze sql --db FILE [--format table|csv|json] QUERY``: any SQL over the trace database."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import decimal
+import json
+import sys
+import uuid
+from typing import Any
+
+import click
+import duckdb
+from tpuanalyze.store.database import connect
+
+from tpuanalyze.errors import TpuAnalyzeError
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, datetime.timedelta, uuid.UUID)):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def run_query(db_path: str, query: str) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
+    """Column names, rows and DuckDB type names of a query (read-only); bad SQL -> TpuAnalyzeError."""
+    con = connect(db_path, read_only=True)
+    try:
+        cursor = con.execute(query)
+        if cursor.description is None:
+            return [], [], []
+        names = [d[0] for d in cursor.description]
+        types = [str(d[1]) for d in cursor.description]
+        return names, cursor.fetchall(), types
+    except duckdb.Error as exc:
+        text = str(exc).strip()
+        raise TpuAnalyzeError(text.splitlines()[0] if text else type(exc).__name__, "sql") from None
+    finally:
+        con.close()
+
+
+@click.command("sql")
+@click.argument("query")
+@click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False), help="DuckDB file.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
+)
+def command(query: str, db_path: str, fmt: str) -> None:
+    """Run QUERY against the trace database (read-only) and print the result."""
+    names, rows, types = run_query(db_path, query)
+    if fmt == "json":
+        records = [{n: _jsonable(v) for n, v in zip(names, row, strict=False)} for row in rows]
+        for record, row in zip(records, rows, strict=False):
+            for n, t, v in zip(names, types, row, strict=False):
+                if t == "JSON" and isinstance(v, str):
+                    try:
+                        record[n] = json.loads(v)
+                    except ValueError:
+                        pass
+        click.echo(json.dumps(records, indent=1, ensure_ascii=False))
+    elif fmt == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows(rows)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(show_header=True, header_style="bold")
+        for name, type_name in zip(names, types, strict=False):
+            numeric = any(k in type_name for k in ("INT", "DOUBLE", "FLOAT", "DECIMAL"))
+            table.add_column(name, justify="right" if numeric else "left")
+        for row in rows:
+            table.add_row(*("NULL" if v is None else str(v) for v in row))
+        Console(soft_wrap=False).print(table)
+        click.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
