@@ -161,3 +161,22 @@ def summarize_db(con: duckdb.DuckDBPyConnection, run_ids: Iterable[int] | None =
         f"SELECT i.* FROM mlperf_intervals i WHERE i.run_id IN (SELECT run_id FROM mlperf_results r {where})",
         params).df()
     return summarize(results, intervals)
+
+
+def scaling_series(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per (version, benchmark, framework) measured at 2+ chip counts: the table the scaling fit takes
+    (run, chips, cores, time_to_train_s, epochs, global_batch, per_core_batch)."""
+    frame = summary[summary["time_to_train_s"].notna() & summary["chips"].notna()].copy()
+    frame["framework"] = frame["framework"].fillna("")
+    series: dict[str, pd.DataFrame] = {}
+    for (version, benchmark, framework), group in frame.groupby(["version", "benchmark", "framework"]):
+        if group["chips"].nunique() < 2:
+            continue
+        name = " ".join(part for part in (version, benchmark, framework) if part)
+        series[name] = pd.DataFrame({
+            "run": group["submitter_path"], "chips": group["chips"].astype(int),
+            "cores": group["cores"].astype(float), "time_to_train_s": group["time_to_train_s"],
+            "epochs": group["epochs"], "global_batch": group["global_batch_size"],
+            "per_core_batch": group["per_core_batch"],
+        }).sort_values("chips", ignore_index=True)
+    return series

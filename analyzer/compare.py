@@ -1,0 +1,336 @@
+"""Runs side by side (``tpuanalyze compare``), and turning the user's run arguments into analyzed runs
+(trace paths ingested into a scratch database, or ``DB:run`` references) for compare and scaling."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from tpuanalyze.errors import TpuAnalyzeError
+
+IN_STEP_CATEGORIES = ["compute", "weight_update", "collectives", "input", "output", "idle"]
+_DB_SUFFIXES = (".duckdb", ".db", ".ddb")
+
+# Where a trace may state its topology and batch: plane stats (e.g. a '/host:metadata' or 'Task
+# Environment' plane) or runs.metadata. Several spellings are accepted; the first found wins.
+_FACT_KEYS = {
+    "chips": ["chips", "num_chips", "tpu_chips", "topology_chips", "total_chips"],
+    "cores": ["cores", "num_cores", "tpu_cores", "total_cores", "num_tpu_cores"],
+    "global_batch": ["global_batch", "global_batch_size"],
+    "per_core_batch": ["per_core_batch", "per_core_batch_size", "batch_per_core"],
+    "workload": ["model", "model_name", "workload", "benchmark"],
+    "scenario": ["scenario"],
+}
+
+
+@dataclass
+class LoadedRun:
+    """One analyzed run and where it came from."""
+
+    label: str                    # what the user typed (plus the run name when a path held several)
+    run_id: int
+    name: str
+    analysis: Any                 # tpuanalyze.analyzer.api.RunAnalysis
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+# --- facts of a run (chips, batch, workload) -----------------------------------------------------------
+
+def _parse_json(value: Any) -> dict:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+    return {}
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(str(key), inner, out)
+    elif prefix and prefix.lower() not in out:
+        out[prefix.lower()] = value
+
+
+def run_facts(con: duckdb.DuckDBPyConnection, run_id: int,
+              cores_per_chip: int | None = None) -> dict[str, Any]:
+    """Chips, cores, batch and workload of a trace run, from the trace's own stats (never from the
+    generator's ground_truth.json). Chips fall back to TPU cores / cores per chip of the traced hosts."""
+    row = con.execute("SELECT metadata, num_devices, device_type FROM runs WHERE run_id = ?",
+                      [int(run_id)]).fetchone()
+    if row is None:
+        raise TpuAnalyzeError(f"no run with id {run_id} in the database")
+    found: dict[str, Any] = {}
+    _flatten("", _parse_json(row[0]), found)
+    metadata_planes = con.execute(
+        "SELECT stats FROM planes WHERE run_id = ? AND stats IS NOT NULL "
+        "ORDER BY (kind IN ('tpu', 'gpu')), plane_index", [int(run_id)]).fetchall()
+    for (stats,) in metadata_planes:
+        _flatten("", _parse_json(stats), found)
+    facts: dict[str, Any] = {}
+    for fact, keys in _FACT_KEYS.items():
+        for key in keys:
+            if found.get(key) not in (None, ""):
+                facts[fact] = found[key]
+                break
+    for fact in ("chips", "cores", "global_batch"):
+        if fact in facts:
+            try:
+                facts[fact] = int(float(facts[fact]))
+            except (TypeError, ValueError):
+                facts.pop(fact)
+    if "per_core_batch" in facts:
+        try:
+            facts["per_core_batch"] = float(facts["per_core_batch"])
+        except (TypeError, ValueError):
+            facts.pop("per_core_batch")
+    device_type = (row[2] or "").lower()
+    # TPU v2/v3 chips hold 2 TensorCores, each its own device plane (catalog §2)
+    per_chip = cores_per_chip or (2 if re.search(r"tpu v[23]\b", device_type) else 1)
+    if "chips" not in facts and "cores" in facts:
+        facts["chips"] = max(1, facts["cores"] // per_chip)
+    if "chips" not in facts and row[1]:
+        facts["chips"] = max(1, int(row[1]) // per_chip)
+        facts["chips_source"] = "traced devices (hosts may be sampled: use --chips RUN=N)"
+    else:
+        facts.setdefault("chips_source", "trace stats")
+    facts.setdefault("cores", facts["chips"] * per_chip if "chips" in facts else None)
+    if "per_core_batch" not in facts and facts.get("global_batch") and facts.get("cores"):
+        facts["per_core_batch"] = facts["global_batch"] / facts["cores"]
+    return facts
+
+
+# --- resolving user arguments into analyzed runs ------------------------------------------------------
+
+def _looks_like_db(path: Path) -> bool:
+    if path.suffix.lower() in _DB_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError:
+        return False
+    return len(head) >= 12 and head[8:12] == b"DUCK"
+
+
+def _lookup(con: duckdb.DuckDBPyConnection, ref: str, db_label: str) -> list[tuple[int, str]]:
+    """Run ids for a reference: a run id, a run name, or a source path (exact)."""
+    if ref.strip().isdigit():
+        rows = con.execute("SELECT run_id, name FROM runs WHERE run_id = ?", [int(ref)]).fetchall()
+    else:
+        rows = con.execute(
+            "SELECT run_id, name FROM runs WHERE name = ? OR source_path = ? ORDER BY run_id",
+            [ref, str(Path(ref).resolve()) if ref else ref]).fetchall()
+    if not rows:
+        raise TpuAnalyzeError(f"no run '{ref}' in the database", db_label)
+    return [(int(r[0]), str(r[1])) for r in rows]
+
+
+class RunLoader:
+    """Analyzes runs named on the command line; trace paths are ingested into a scratch database.
+
+    Use as a context manager: the scratch database lives until the end of the ``with`` block.
+    """
+
+    def __init__(self, db_path: Path | None = None, thresholds: Any = None) -> None:
+        self.db_path = db_path
+        self.thresholds = thresholds
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._connections: dict[str, duckdb.DuckDBPyConnection] = {}
+
+    def __enter__(self) -> RunLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for con in self._connections.values():
+            con.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def _connect(self, db: Path) -> duckdb.DuckDBPyConnection:
+        key = str(db.resolve())
+        if key not in self._connections:
+            if not db.exists():
+                raise TpuAnalyzeError("no such database", str(db))
+            try:
+                self._connections[key] = duckdb.connect(key, read_only=True)
+            except duckdb.Error as exc:
+                raise TpuAnalyzeError(f"not a tpuanalyze database ({exc})", str(db)) from exc
+        return self._connections[key]
+
+    def _scratch(self) -> Path:
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="tpuanalyze-")
+        return Path(self._tmp.name) / "scratch.duckdb"
+
+    def resolve(self, spec: str) -> list[tuple[Path, int, str]]:
+        """(database, run_id, run name) for one argument: DB:RUN, a run in --db, or a trace path."""
+        path = Path(spec)
+        if ":" in spec and not path.exists():
+            db_part, _, ref = spec.rpartition(":")
+            if db_part and Path(db_part).is_file():
+                db = Path(db_part)
+                return [(db, rid, name) for rid, name in _lookup(self._connect(db), ref, str(db))]
+        if path.is_file() and _looks_like_db(path):
+            db = path
+            con = self._connect(db)
+            return [(db, int(r[0]), str(r[1])) for r in con.execute(
+                "SELECT run_id, name FROM runs WHERE source_format <> 'mlperf' ORDER BY run_id").fetchall()]
+        if not path.exists():
+            if self.db_path is not None:
+                return [(self.db_path, rid, name)
+                        for rid, name in _lookup(self._connect(self.db_path), spec, str(self.db_path))]
+            raise TpuAnalyzeError("no such file or directory (nor a DB:RUN reference)", spec)
+        from tpuanalyze.store.ingest import ingest_paths
+
+        scratch = self._scratch()
+        key = str(scratch.resolve())
+        if key in self._connections:  # DuckDB allows one writer: close our reader while ingesting
+            self._connections.pop(key).close()
+        summary = ingest_paths([path], scratch)
+        if not summary.run_ids:
+            raise TpuAnalyzeError("no trace runs found", spec)
+        con = self._connect(scratch)
+        names = dict(con.execute("SELECT run_id, name FROM runs").fetchall())
+        return [(scratch, int(rid), str(names.get(rid, spec))) for rid in summary.run_ids]
+
+    def load(self, spec: str, chips_override: int | None = None) -> list[LoadedRun]:
+        """Analyze every run an argument names."""
+        from tpuanalyze.analyzer.api import analyze_run
+
+        runs = []
+        resolved = self.resolve(spec)
+        for db, run_id, name in resolved:
+            con = self._connect(db)
+            analysis = analyze_run(con, run_id, self.thresholds)
+            facts = run_facts(con, run_id)
+            if chips_override:
+                facts["chips"], facts["chips_source"] = chips_override, "--chips override"
+                facts["cores"] = chips_override * 2 if not facts.get("cores") else facts["cores"]
+            label = spec if len(resolved) == 1 else f"{spec} [{name}]"
+            runs.append(LoadedRun(label, run_id, name, analysis, facts))
+        return runs
+
+
+# --- per-step numbers of an analyzed run --------------------------------------------------------------
+
+def step_categories_ms(analysis: Any) -> dict[str, float]:
+    """Mean train-step time and each in-step category in ms per step (devices pooled)."""
+    steps = analysis.steps
+    train = steps[~steps["is_eval"].astype(bool)] if not steps.empty else steps
+    if train.empty:
+        mean = (analysis.summary.get("step_time_ms") or {}).get("mean")
+        if mean is None:
+            raise TpuAnalyzeError(f"run '{analysis.summary.get('run')}' has no train steps")
+        breakdown = analysis.summary.get("breakdown") or {}
+        in_step = sum(breakdown.get(c, 0.0) for c in IN_STEP_CATEGORIES) or 1.0
+        return {"step_time_ms": float(mean),
+                **{c: float(mean) * breakdown.get(c, 0.0) / in_step for c in IN_STEP_CATEGORIES}}
+    out = {"step_time_ms": float(train["duration_ps"].mean()) / 1e9}
+    for category in IN_STEP_CATEGORIES:
+        out[category] = float(train[f"{category}_ps"].fillna(0).mean()) / 1e9
+    out["collectives_overlapped"] = float(train["collectives_overlapped_ps"].fillna(0).mean()) / 1e9
+    return out
+
+
+def ops_per_step(analysis: Any) -> pd.DataFrame:
+    """Op self time in ms per device step (name, category, ms), so runs of any size compare."""
+    ops = analysis.ops
+    device_steps = max(len(analysis.steps), 1)
+    if ops is None or ops.empty:
+        return pd.DataFrame(columns=["name", "category", "ms_per_step"])
+    grouped = ops.groupby("name", as_index=False).agg(category=("category", "first"),
+                                                      self_time_ms=("self_time_ms", "sum"))
+    grouped["ms_per_step"] = grouped["self_time_ms"] / device_steps
+    return grouped[["name", "category", "ms_per_step"]]
+
+
+# --- comparison ---------------------------------------------------------------------------------------
+
+@dataclass
+class RunComparison:
+    """B against A: step time, per-category time per step, the ops that moved most, findings."""
+
+    a: str
+    b: str
+    step_a_ms: float
+    step_b_ms: float
+    breakdown: pd.DataFrame
+    ops: pd.DataFrame
+    findings_appeared: list[dict]
+    findings_resolved: list[dict]
+    findings_kept: list[str]
+
+    @property
+    def slower_pct(self) -> float:
+        """How much slower B's step is than A's, in percent (negative: B is faster)."""
+        return (self.step_b_ms - self.step_a_ms) / self.step_a_ms * 100.0
+
+    def to_json(self) -> dict:
+        return {
+            "a": self.a, "b": self.b,
+            "step_time_ms": {"a": self.step_a_ms, "b": self.step_b_ms},
+            "b_slower_pct": self.slower_pct,
+            "breakdown": _records(self.breakdown),
+            "top_ops": _records(self.ops),
+            "findings": {"appeared": self.findings_appeared, "resolved": self.findings_resolved,
+                         "kept": self.findings_kept},
+        }
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [{k: (None if isinstance(v, float) and np.isnan(v) else
+                 (v.item() if isinstance(v, np.generic) else v)) for k, v in row.items()}
+            for row in frame.to_dict(orient="records")]
+
+
+def _finding_key(finding: dict) -> str:
+    return str(finding.get("rule"))
+
+
+def compare_runs(a: LoadedRun, b: LoadedRun, top: int = 10) -> RunComparison:
+    """Side by side numbers of two analyzed runs."""
+    cats_a, cats_b = step_categories_ms(a.analysis), step_categories_ms(b.analysis)
+    rows = []
+    for category in IN_STEP_CATEGORIES + ["collectives_overlapped"]:
+        ms_a, ms_b = cats_a.get(category, 0.0), cats_b.get(category, 0.0)
+        rows.append({"category": category, "a_ms": ms_a, "b_ms": ms_b, "delta_ms": ms_b - ms_a,
+                     "a_share": ms_a / cats_a["step_time_ms"], "b_share": ms_b / cats_b["step_time_ms"]})
+    breakdown = pd.DataFrame(rows)
+
+    ops_a, ops_b = ops_per_step(a.analysis), ops_per_step(b.analysis)
+    ops = ops_a.merge(ops_b, on="name", how="outer", suffixes=("_a", "_b"))
+    ops["category"] = ops["category_a"].fillna(ops["category_b"])
+    ops["a_ms"] = ops["ms_per_step_a"].fillna(0.0)
+    ops["b_ms"] = ops["ms_per_step_b"].fillna(0.0)
+    ops["delta_ms"] = ops["b_ms"] - ops["a_ms"]
+    ops["status"] = np.where(ops["ms_per_step_a"].isna(), "new",
+                             np.where(ops["ms_per_step_b"].isna(), "gone", "changed"))
+    ops = ops.reindex(ops["delta_ms"].abs().sort_values(ascending=False).index).head(top)
+    ops = ops[["name", "category", "a_ms", "b_ms", "delta_ms", "status"]].reset_index(drop=True)
+
+    findings_a = {_finding_key(f): f for f in a.analysis.findings or []}
+    findings_b = {_finding_key(f): f for f in b.analysis.findings or []}
+    return RunComparison(
+        a=a.label, b=b.label, step_a_ms=cats_a["step_time_ms"], step_b_ms=cats_b["step_time_ms"],
+        breakdown=breakdown, ops=ops,
+        findings_appeared=[_brief(findings_b[k]) for k in findings_b if k not in findings_a],
+        findings_resolved=[_brief(findings_a[k]) for k in findings_a if k not in findings_b],
+        findings_kept=sorted(k for k in findings_a if k in findings_b),
+    )
+
+
+def _brief(finding: dict) -> dict:
+    return {key: finding.get(key) for key in ("rule", "severity", "recommendation") if key in finding}

@@ -1,0 +1,86 @@
+"""``tpuanalyze compare A B [--fail-if-slower PCT]``: two runs side by side; a CI gate on step time."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+from tpuanalyze.analyzer.compare import RunComparison, RunLoader, compare_runs
+
+from tpuanalyze.errors import TpuAnalyzeError
+
+
+def _signed(value: float, unit: str = "") -> str:
+    return f"{value:+.3f}{unit}"
+
+
+def render(comparison: RunComparison, console: Console) -> None:
+    """The terminal view: step time, breakdown, top ops, findings that changed."""
+    head = Table(title=f"compare  A = {comparison.a}   B = {comparison.b}")
+    for name in ("", "A", "B", "B - A"):
+        head.add_column(name, justify="right" if name else "left")
+    head.add_row("step time", f"{comparison.step_a_ms:.3f} ms", f"{comparison.step_b_ms:.3f} ms",
+                 f"{comparison.step_b_ms - comparison.step_a_ms:+.3f} ms ({comparison.slower_pct:+.1f}%)")
+    for row in comparison.breakdown.itertuples(index=False):
+        label = row.category + (" (hidden, not in step)" if row.category == "collectives_overlapped" else "")
+        head.add_row(label, f"{row.a_ms:.3f} ms  {row.a_share:5.1%}",
+                     f"{row.b_ms:.3f} ms  {row.b_share:5.1%}", _signed(row.delta_ms, " ms"))
+    console.print(head)
+    if not comparison.ops.empty:
+        ops = Table(title="ops that changed most (ms per device step)")
+        for name, justify in (("op", "left"), ("category", "left"), ("A", "right"), ("B", "right"),
+                              ("B - A", "right"), ("", "left")):
+            ops.add_column(name, justify=justify)
+        for row in comparison.ops.itertuples(index=False):
+            ops.add_row(str(row.name)[:60], str(row.category), f"{row.a_ms:.4f}", f"{row.b_ms:.4f}",
+                        _signed(row.delta_ms), row.status)
+        console.print(ops)
+    for title, items in (("findings that appeared in B", comparison.findings_appeared),
+                         ("findings gone in B", comparison.findings_resolved)):
+        if items:
+            console.print(f"[bold]{title}:[/bold] " + ", ".join(
+                f"{f['rule']} ({f.get('severity', '?')})" for f in items))
+    if comparison.findings_kept:
+        console.print("findings in both: " + ", ".join(comparison.findings_kept))
+
+
+@click.command()
+@click.argument("runs", nargs=-1)
+@click.option("--db", "db_path", type=click.Path(path_type=Path), default=None,
+              help="Database holding the runs when A/B are run ids or names (or use DB:RUN, trace paths).")
+@click.option("--fail-if-slower", "fail_pct", type=float, default=None, metavar="PCT",
+              help="Exit with status 1 when B's step time is more than PCT percent slower than A's.")
+@click.option("--top", type=int, default=10, show_default=True, help="How many changed ops to list.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+              help="Also write the comparison as JSON to FILE.")
+def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None, top: int,
+            json_path: Path | None) -> None:
+    """Compare run B against run A (RUNS = A B: trace paths, DB:RUN, or run ids/names in --db)."""
+    if len(runs) != 2:
+        raise TpuAnalyzeError(f"compare takes exactly 2 runs (A B), got {len(runs)}")
+    a, b = runs
+    if fail_pct is not None and fail_pct < 0:
+        raise TpuAnalyzeError("--fail-if-slower takes a percentage >= 0")
+    with RunLoader(db_path) as loader:
+        loaded_runs = []
+        for spec in (a, b):
+            loaded = loader.load(spec)
+            if len(loaded) != 1:
+                names = ", ".join(run.name for run in loaded)
+                raise TpuAnalyzeError(f"names {len(loaded)} runs ({names}); compare takes exactly one run "
+                                      "per argument (use DB:RUN)", spec)
+            loaded_runs.append(loaded[0])
+        comparison = compare_runs(loaded_runs[0], loaded_runs[1], top=top)
+    render(comparison, Console())
+    if json_path is not None:
+        json_path.write_text(json.dumps(comparison.to_json(), indent=2, default=str))
+    if fail_pct is not None and comparison.slower_pct > fail_pct:
+        click.echo(f"tpuanalyze: B is {comparison.slower_pct:.2f}% slower than A "
+                   f"(limit {fail_pct:g}%)", err=True)
+        # sys.exit, not click's Exit: with standalone_mode=False click returns Exit's code instead of
+        # raising it, and tpuanalyze.cli.main would drop it
+        sys.exit(1)

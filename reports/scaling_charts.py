@@ -1,0 +1,223 @@
+"""Altair charts of a scaling series (measured runs + fitted projections), and a small offline HTML page.
+
+``scaling_charts(items)`` is what the HTML report calls: items are ScalingAnalysis objects, or
+RunAnalysis objects of several runs (then a series is built from their summaries when the chip counts
+are known and differ). Every chart marks projections as estimates (dashed lines, lighter bars).
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import altair as alt
+import numpy as np
+import pandas as pd
+from tpuanalyze.analyzer.scaling import ScalingAnalysis, analyze_scaling
+from tpuanalyze.reports.charts import CATEGORY_COLORS, CATEGORY_LABELS
+
+_COLORS = {**CATEGORY_COLORS, "other": "#9d755d", "total": "#4c78a8"}
+_LABELS = {**CATEGORY_LABELS, "other": "other (not in a category)", "total": "time to train"}
+
+
+def _x(title: str = "chips") -> alt.X:
+    return alt.X("chips:Q", scale=alt.Scale(type="log", base=2), title=title, axis=alt.Axis(format="~s"))
+
+
+def _fit_curve(analysis: ScalingAnalysis) -> pd.DataFrame:
+    """Dense fitted curves per category (and the total) across measured + projected chips."""
+    from tpuanalyze.analyzer.scaling import factors_at, predict
+
+    lo, hi = analysis.measured["chips"].min(), analysis.projection["chips"].max()
+    grid = np.unique(np.concatenate([np.geomspace(lo, hi, 40), analysis.measured["chips"].astype(float)]))
+    factors = factors_at(analysis.measured, grid)  # the measured table carries batch and epochs
+    predictions = predict(analysis.fits, grid, factors)
+    rows = []
+    for category, values in predictions.items():
+        for chips, value in zip(grid, values, strict=True):
+            rows.append({"chips": chips, "category": _LABELS.get(category, category), "value": value})
+    total = sum(predictions.values())
+    for chips, value in zip(grid, total, strict=True):
+        rows.append({"chips": chips, "category": "step (sum)", "value": value})
+    return pd.DataFrame(rows)
+
+
+def step_time_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
+    """Measured metric (points) and the fitted model (dashed, estimate) vs chips."""
+    metric, unit = analysis.metric, analysis.unit
+    measured = analysis.measured[["run", "chips", metric]].rename(columns={metric: "value"})
+    projection = analysis.projection[["chips", f"{metric}_est", "error_est"]].rename(
+        columns={f"{metric}_est": "value"})
+    projection["low"] = projection["value"] * (1 - projection["error_est"].fillna(0))
+    projection["high"] = projection["value"] * (1 + projection["error_est"].fillna(0))
+    label = "step time" if metric == "step_time_ms" else "time to train"
+    y = alt.Y("value:Q", title=f"{label} [{unit}]", scale=alt.Scale(zero=False))
+    band = alt.Chart(projection).mark_area(opacity=0.15, color="#4c78a8").encode(
+        x=_x(), y=alt.Y("low:Q", title=f"{label} [{unit}]"), y2="high:Q")
+    curve = _fit_curve(analysis)
+    curve = curve[curve["category"] == "step (sum)"]
+    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color="#4c78a8").encode(
+        x=_x(), y=y, tooltip=[alt.Tooltip("chips:Q", format=".0f"),
+                              alt.Tooltip("value:Q", title=f"estimate [{unit}]", format=".3f")])
+    points = alt.Chart(measured).mark_point(filled=True, size=80, color="#e45756").encode(
+        x=_x(), y=y, tooltip=["run:N", "chips:Q", alt.Tooltip("value:Q", title=f"measured [{unit}]",
+                                                              format=".3f")])
+    return (band + line + points).properties(
+        width=420, height=260, title=f"{label} vs chips (dots measured, dashed fitted estimate)")
+
+
+def category_chart(analysis: ScalingAnalysis) -> alt.LayerChart | None:
+    """Each category's time per step: measured points and fitted curves (estimates)."""
+    categories = [c for c in analysis.fits if c in analysis.measured]
+    if not categories:
+        return None
+    curves = _fit_curve(analysis)
+    curves = curves[curves["category"] != "step (sum)"]
+    measured = analysis.measured.melt(id_vars=["run", "chips"], value_vars=categories,
+                                      var_name="category", value_name="value")
+    measured["category"] = measured["category"].map(lambda c: _LABELS.get(c, c))
+    names = [_LABELS.get(c, c) for c in analysis.fits]
+    color = alt.Color("category:N", scale=alt.Scale(domain=names,
+                                                    range=[_COLORS.get(c, "#888") for c in analysis.fits]))
+    y = alt.Y("value:Q", title=f"{analysis.unit} per step", scale=alt.Scale(type="symlog"))
+    lines = alt.Chart(curves).mark_line(strokeDash=[6, 4]).encode(
+        x=_x(), y=y, color=color, tooltip=["category:N", "chips:Q", alt.Tooltip("value:Q", format=".3f")])
+    points = alt.Chart(measured).mark_point(filled=True, size=60).encode(
+        x=_x(), y=y, color=color, tooltip=["run:N", "category:N", alt.Tooltip("value:Q", format=".3f")])
+    return (lines + points).properties(width=420, height=260,
+                                       title="time per step by category (dashed: fitted model, estimate)")
+
+
+def share_chart(analysis: ScalingAnalysis) -> alt.Chart | None:
+    """Category shares of the step: measured runs and projected chip counts (lighter = estimate)."""
+    categories = [c for c in analysis.fits if f"{c}_share_est" in analysis.projection]
+    if not categories:
+        return None
+    rows = []
+    measured_chips = set(analysis.measured["chips"].astype(int))
+    for record in analysis.measured.to_dict(orient="records"):
+        for c in categories:
+            rows.append({"chips": str(int(record["chips"])), "category": _LABELS.get(c, c),
+                         "share": record.get(f"{c}_share", 0.0), "kind": "measured"})
+    for record in analysis.projection.to_dict(orient="records"):
+        if int(record["chips"]) in measured_chips:
+            continue
+        for c in categories:
+            rows.append({"chips": f"{int(record['chips'])} (est)", "category": _LABELS.get(c, c),
+                         "share": record[f"{c}_share_est"], "kind": "estimate"})
+    frame = pd.DataFrame(rows)
+    order = list(dict.fromkeys(frame["chips"]))
+    names = [_LABELS.get(c, c) for c in categories]
+    return alt.Chart(frame).mark_bar().encode(
+        x=alt.X("chips:N", sort=order, title="chips"),
+        y=alt.Y("share:Q", stack="normalize", axis=alt.Axis(format="%"), title="share of step"),
+        color=alt.Color("category:N", scale=alt.Scale(domain=names,
+                                                      range=[_COLORS.get(c, "#888") for c in categories])),
+        opacity=alt.Opacity("kind:N", scale=alt.Scale(domain=["measured", "estimate"], range=[1.0, 0.5])),
+        tooltip=["chips:N", "category:N", alt.Tooltip("share:Q", format=".1%"), "kind:N"],
+    ).properties(width=420, height=260, title="share of the step by category")
+
+
+def efficiency_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
+    """Per-core throughput relative to the smallest run (scaling efficiency)."""
+    measured = analysis.measured[["run", "chips", "per_core_throughput_rel"]]
+    projection = analysis.projection[["chips", "per_core_throughput_rel_est"]]
+    y = alt.Y("eff:Q", title="per-core throughput vs smallest run", axis=alt.Axis(format="%"))
+    line = alt.Chart(projection.rename(columns={"per_core_throughput_rel_est": "eff"})).mark_line(
+        strokeDash=[6, 4], color="#54a24b").encode(
+        x=_x(), y=y, tooltip=["chips:Q", alt.Tooltip("eff:Q", title="estimate", format=".1%")])
+    points = alt.Chart(measured.rename(columns={"per_core_throughput_rel": "eff"})).mark_point(
+        filled=True, size=80, color="#54a24b").encode(
+        x=_x(), y=y, tooltip=["run:N", "chips:Q", alt.Tooltip("eff:Q", title="measured", format=".1%")])
+    return (line + points).properties(width=420, height=260, title="scaling efficiency")
+
+
+def charts_for(analysis: ScalingAnalysis) -> list[tuple[str, str, Any]]:
+    """(title, caption, chart) blocks of one series, for the HTML report."""
+    name = analysis.workload or "series"
+    error = analysis.projection["error_est"].iloc[0]
+    caption = (f"{name}: {analysis.batch_mode}; fitted per category, projections are estimates"
+               + (f" (model error ~{error:.1%})" if error is not None and not pd.isna(error) else ""))
+    blocks: list[tuple[str, str, Any]] = [(f"{name}: time vs chips", caption, step_time_chart(analysis))]
+    for title, chart in (("time per step by category", category_chart(analysis)),
+                         ("share of the step", share_chart(analysis)),
+                         ("scaling efficiency", efficiency_chart(analysis))):
+        if chart is not None:
+            blocks.append((f"{name}: {title}", caption, chart))
+    return blocks
+
+
+def _series_from_run_analyses(analyses: Sequence[Any]) -> pd.DataFrame | None:
+    """A scaling table from RunAnalysis summaries (chips from the summary when it states them)."""
+    from tpuanalyze.analyzer.compare import step_categories_ms
+
+    rows = []
+    for analysis in analyses:
+        summary = analysis.summary
+        chips = summary.get("chips") or (summary.get("scaling") or {}).get("chips")
+        if not chips:
+            return None
+        try:
+            row = {"run": summary.get("run"), "chips": int(chips), **step_categories_ms(analysis)}
+        except Exception:  # a run without train steps cannot join a series
+            return None
+        row.pop("collectives_overlapped", None)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    return frame if frame["chips"].nunique() >= 2 else None
+
+
+def scaling_charts(items: Sequence[Any]) -> list[tuple[str, str, Any]]:
+    """Chart blocks for the HTML report: ScalingAnalysis objects, or several RunAnalysis objects."""
+    items = list(items)
+    if not items:
+        return []
+    if all(isinstance(item, ScalingAnalysis) for item in items):
+        return [block for item in items for block in charts_for(item)]
+    frame = _series_from_run_analyses(items)
+    if frame is None:
+        return []
+    return charts_for(analyze_scaling(frame))
+
+
+def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze scaling") -> str:
+    """A self-contained page (Vega inlined, no network) with every series' charts and findings."""
+    from tpuanalyze.reports.html import spec_json, vendor_javascript
+
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>",
+             "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
+             "script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:; "
+             "connect-src 'none'\">",
+             "<style>body{font-family:sans-serif;margin:2em}.chart{display:inline-block;margin:1em}"
+             "td,th{padding:2px 8px;text-align:right}</style>",
+             f"<script>{vendor_javascript()}</script></head><body>", f"<h1>{_html.escape(title)}</h1>",
+             "<p>Projections are estimates from simple fitted models, not measurements.</p>"]
+    specs = []
+    for analysis in analyses:
+        parts.append(f"<h2>{_html.escape(analysis.workload or 'series')}</h2>")
+        parts.append(analysis.measured.to_html(index=False, float_format=lambda v: f"{v:.4g}",
+                                               classes="measured"))
+        for finding in analysis.findings:
+            parts.append(f"<p><b>{finding['rule']}</b> ({finding['severity']}): "
+                         f"{_html.escape(finding['evidence']['summary'])}. "
+                         f"{_html.escape(finding['recommendation'])}</p>")
+        for title_text, caption, chart in charts_for(analysis):
+            chart_id = f"chart{len(specs)}"
+            specs.append((chart_id, spec_json(chart)))
+            parts.append(f"<div class='chart'><h3>{_html.escape(title_text)}</h3>"
+                         f"<div id='{chart_id}'></div><small>{_html.escape(caption)}</small></div>")
+    # Vega needs 'unsafe-eval' (expression functions); the page still fetches nothing (connect-src none).
+    calls = ",".join(f"vegaEmbed('#{cid}', {spec}, {{actions: false, renderer: 'svg'}})"
+                     for cid, spec in specs)
+    parts.append("<pre id='render-status'></pre>")
+    parts.append(f"<script>Promise.all([{calls}]).then(r => document.getElementById('render-status')"
+                 ".textContent = 'rendered ' + r.length, e => document.getElementById('render-status')"
+                 ".textContent = 'error ' + e);</script></body></html>")
+    return "\n".join(parts)
+
+
+def dumps_specs(analyses: Sequence[ScalingAnalysis]) -> str:
+    """The Vega-Lite specs as JSON (handy for tests and other front ends)."""
+    return json.dumps([chart.to_dict() for a in analyses for _, _, chart in charts_for(a)])
