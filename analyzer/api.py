@@ -18,7 +18,8 @@ from typing import Any
 
 import duckdb
 import pandas as pd
-from tpuanalyze.analyzer.attribution import install_views, materialize_run
+from tpuanalyze.analyzer import attribution
+from tpuanalyze.analyzer.attribution import materialize_run
 from tpuanalyze.analyzer.collectives import collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.input import host_input_work, input_frame
@@ -88,10 +89,13 @@ def _notes(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
         sources = sorted(set(steps["step_source"]))
         if "xla_modules" in sources:
             notes.append("no Steps line: each XLA module execution on a device is treated as one step")
+        if "op_span" in sources:
+            notes.append("no steps: no Steps line, no XLA module executions and no step annotations "
+                         "(step_num); each device's op span is treated as one step")
         if "step_annotation" in sources:
             notes.append("steps from host step annotations (StepTraceAnnotation step_num); input = time from "
                          "the step's start to its first program dispatch")
-        if not has_steps_line and has_dev and "xla_modules" not in sources:
+        if not has_steps_line and has_dev and not {"xla_modules", "op_span"} & set(sources):
             notes.append("no Steps line on the device planes")
         if not (~steps["is_eval"]).any():
             notes.append("no train steps: only eval steps")
@@ -195,6 +199,13 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
                                           first_conv_ms=first_conv_ms)
     summary["findings"] = analysis.findings
     return analysis
+
+
+def install_views(con: duckdb.DuckDBPyConnection,
+                  thresholds: Mapping[str, Any] | str | Path | None = None) -> list[str]:
+    """Create the attribution views (step_breakdown, device_breakdown, collective_time, op_steps, att_*)
+    over all runs of a writable database, so findings' evidence SQL runs in `tpuanalyze sql`."""
+    return attribution.install_views(con, load_thresholds(thresholds))
 
 
 def analyze_db(db_path: str | Path, run_ids: Iterable[int] | None = None,

@@ -63,7 +63,7 @@ WHERE line <> 'Async XLA Ops' OR collective_kind IS NOT NULL;
 -- stage: att_steps
 -- One row per device step: Steps line events on device planes; else XLA module executions on device
 -- planes; else (host-only runs) StepTraceAnnotation events (stat step_num) on host threads, applied to
--- every device of that host. Eval steps by name (eval program pattern).
+-- every device of that host; else one step spanning the device's ops. Eval steps by name (eval pattern).
 WITH device_list AS (
     SELECT DISTINCT run_id, host, device FROM $att_ops
 ), steps_line AS (
@@ -91,10 +91,20 @@ WITH device_list AS (
     WHERE $run_filter AND NOT r.has_device_planes AND e.plane LIKE '/host:%'
       AND e.step_num IS NOT NULL AND e.duration_ps > 0
       AND json_extract_string(e.stats, '$.hlo_op') IS NULL
+), found AS (
+    SELECT * FROM steps_line
+    UNION ALL SELECT * FROM module_steps
+    UNION ALL SELECT * FROM host_steps
+), op_span AS (
+    -- last resort: a device with ops but no step markers at all gets one step spanning its ops
+    SELECT o.run_id, o.host, o.device, CAST(0 AS BIGINT), min(o.start_ps), max(o.start_ps + o.duration_ps),
+           FALSE, 'op_span', CAST(NULL AS INTEGER)
+    FROM $att_ops o
+    WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.run_id = o.run_id AND f.host = o.host)
+    GROUP BY o.run_id, o.host, o.device
 )
-SELECT * FROM steps_line
-UNION ALL SELECT * FROM module_steps
-UNION ALL SELECT * FROM host_steps;
+SELECT * FROM found
+UNION ALL SELECT * FROM op_span;
 
 -- stage: att_eval_spans
 -- Eval time decided by program: eval steps, XLA module executions of eval programs, and (host-only
