@@ -167,7 +167,7 @@ def scaling_series(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per (version, benchmark, framework) measured at 2+ chip counts: the table the scaling fit takes
     (run, chips, cores, time_to_train_s, epochs, global_batch, per_core_batch)."""
     frame = summary[summary["time_to_train_s"].notna() & summary["chips"].notna()].copy()
-    frame["framework"] = frame["framework"].fillna("")
+    frame["framework"] = frame["framework"].astype(object).fillna("")
     series: dict[str, pd.DataFrame] = {}
     for (version, benchmark, framework), group in frame.groupby(["version", "benchmark", "framework"]):
         if group["chips"].nunique() < 2:

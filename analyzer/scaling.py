@@ -95,7 +95,7 @@ class CategoryFit:
 
     def predict(self, chips: np.ndarray | float, factors: dict[str, np.ndarray] | None = None
                 ) -> np.ndarray:
-        n = np.asarray(chips, dtype=float)
+        n = np.atleast_1d(np.asarray(chips, dtype=float))
         value = _evaluate(self.form, self.params, n)
         if self.normalized_by:
             value = value * np.asarray((factors or {})[self.normalized_by], dtype=float)

@@ -41,7 +41,7 @@ def summary_table(summary: pd.DataFrame) -> Table:
 
 def scaling_pivot(summary: pd.DataFrame) -> pd.DataFrame:
     """Time to train by chips for each (version, benchmark, framework) measured at 2+ chip counts."""
-    frame = summary.assign(framework=summary["framework"].fillna(""))
+    frame = summary.assign(framework=summary["framework"].astype(object).fillna(""))
     frame = frame[frame["time_to_train_s"].notna()]
     counts = frame.groupby(["version", "benchmark", "framework"])["chips"].transform("nunique")
     frame = frame[counts >= 2]
