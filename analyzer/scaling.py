@@ -31,6 +31,8 @@ from tpuanalyze.errors import TpuAnalyzeError
 CATEGORIES = ["compute", "weight_update", "collectives", "input", "output", "eval", "idle"]
 # Categories whose time per step is proportional to the examples a core processes per step.
 BATCH_PROPORTIONAL = {"compute", "input"}
+# Exposed all-reduce time per step does not fall with more replicas of a fixed model (catalog §2).
+NON_DECREASING = {"collectives"}
 # Categories that can overtake compute as chips grow (catalog §3.2, §3.3, §3.8, §3.13).
 LIMITING = ["collectives", "weight_update", "input", "output", "idle"]
 
@@ -85,18 +87,23 @@ class CategoryFit:
     loo_error: float | None          # leave-one-out rms, same unit (None with too few runs)
     normalized_by: str | None = None
     candidates: dict[str, float | None] = field(default_factory=dict)
+    regressor: str = "chips"         # the model's variable: chips N, or the per-core batch b
 
     @property
     def formula(self) -> str:
         text = _FORMS[self.form][1]
         for name, value in zip("ab", self.params, strict=False):
             text = text.replace(name, f"{value:.4g}", 1)
-        return text + (f" per unit of {self.normalized_by}" if self.normalized_by else "")
+        text = text.replace("+ -", "- ")
+        if self.regressor == "per_core_batch":
+            text = text.replace("N", "b") + " with b = per-core batch"
+        return text + (f", per unit of {self.normalized_by}" if self.normalized_by else "")
 
     def predict(self, chips: np.ndarray | float, factors: dict[str, np.ndarray] | None = None
                 ) -> np.ndarray:
         n = np.atleast_1d(np.asarray(chips, dtype=float))
-        value = _evaluate(self.form, self.params, n)
+        x = n if self.regressor == "chips" else np.asarray((factors or {})[self.regressor], dtype=float)
+        value = _evaluate(self.form, self.params, x) * np.ones_like(n)
         if self.normalized_by:
             value = value * np.asarray((factors or {})[self.normalized_by], dtype=float)
         return value
@@ -114,24 +121,35 @@ def _loo_rms(form: str, n: np.ndarray, y: np.ndarray) -> float | None:
     return float(np.sqrt(np.mean(np.square(errors))))
 
 
-def _physical(form: str, n: np.ndarray, y: np.ndarray) -> bool:
-    """A form that predicts no time at all 8x past the largest run is not a model of a cost."""
+def _physical(form: str, n: np.ndarray, y: np.ndarray, non_decreasing: bool = False) -> bool:
+    """A form that predicts no time at all 8x past the largest run is not a model of a cost; nor is a
+    falling all-reduce time (catalog §2: per-step all-reduce time is ~M/B on the torus, plus latency
+    terms growing with N, for a fixed model size)."""
     if form == "power" and (y <= 0).any():
         return False
     params = _lstsq(form, n, y)
+    if non_decreasing and form != "constant":
+        probe = np.geomspace(n.min(), 8.0 * n.max(), 16)
+        if (np.diff(_raw(form, params, probe)) < -1e-12).any():
+            return False
     return bool(_raw(form, params, np.array([8.0 * n.max()]))[0] > 0 or np.allclose(y, 0))
 
 
 def fit_category(category: str, chips: Sequence[float], values: Sequence[float], scale: float,
-                 normalized_by: str | None = None) -> CategoryFit:
-    """Choose and fit a form for one category; ``scale`` (mean value) sets the tie tolerance."""
+                 normalized_by: str | None = None, regressor: str = "chips",
+                 prior: str | None = None) -> CategoryFit:
+    """Choose and fit a form for one category; ``scale`` (mean value) sets the tie tolerance.
+
+    ``chips`` holds the regressor's values (chips N, or the per-core batch b when regressor says so).
+    """
     n = np.asarray(chips, dtype=float)
     y = np.asarray(values, dtype=float)
-    prior = _PRIOR.get(category, "inverse")
+    prior = prior or _PRIOR.get(category, "inverse")
+    rising = category in NON_DECREASING and regressor == "chips"
     candidates: dict[str, float | None] = {}
     if len(n) >= 3:
         for form in _FORMS:
-            candidates[form] = _loo_rms(form, n, y) if _physical(form, n, y) else None
+            candidates[form] = _loo_rms(form, n, y) if _physical(form, n, y, rising) else None
         scored = {f: e for f, e in candidates.items() if e is not None} or {"constant": 0.0}
         best = min(scored.values())
         tied = [f for f, e in scored.items() if e - best <= _TIE * scale]
@@ -140,12 +158,13 @@ def fit_category(category: str, chips: Sequence[float], values: Sequence[float],
     else:
         spread = (y.max() - y.min()) / max(abs(y.mean()), 1e-12) if len(y) else 0.0
         flat = len(n) < 2 or spread < _FLAT or abs(y.max() - y.min()) < _TIE * scale
-        form = "constant" if flat else (prior if _physical(prior, n, y) else "inverse")
+        fallback = "constant" if rising else "inverse"
+        form = "constant" if flat else (prior if _physical(prior, n, y, rising) else fallback)
     params = _lstsq(form, n, y)
     rms = float(np.sqrt(np.mean(np.square(_evaluate(form, params, n) - y)))) if len(n) else 0.0
     return CategoryFit(category, form, [float(p) for p in params], rms,
                        candidates.get(form) if candidates else _loo_rms(form, n, y), normalized_by,
-                       candidates)
+                       candidates, regressor)
 
 
 @dataclass
@@ -422,12 +441,16 @@ def analyze_scaling_fits(frame: pd.DataFrame, metric: str = "step_time_ms") -> d
     categories = [c for c in CATEGORIES if c in frame and frame[c].notna().all()]
     chips = frame["chips"].astype(float).to_numpy()
     scale = float(frame[metric].mean())
-    varying = batch_mode(frame) == "varying-batch"
+    batch = frame["per_core_batch"].astype(float) if "per_core_batch" in frame else None
+    varying = batch is not None and batch.notna().all() and not np.allclose(batch, batch.iloc[0])
     fits: dict[str, CategoryFit] = {}
     for category in categories:
         if varying and category in BATCH_PROPORTIONAL:
-            fits[category] = fit_category(category, chips, frame[category] / frame["per_core_batch"],
-                                          scale / float(frame["per_core_batch"].mean()), "per_core_batch")
+            # time per example depends on the per-core batch (MXU efficiency, catalog §3.1), not on N:
+            # fit it against b and multiply back by the per-core batch at the projected scale
+            fits[category] = fit_category(category, batch.to_numpy(), frame[category] / batch,
+                                          scale / float(batch.mean()), "per_core_batch",
+                                          regressor="per_core_batch", prior="log")
         else:
             fits[category] = fit_category(category, chips, frame[category], scale)
     if categories:

@@ -1,0 +1,103 @@
+"""Scaling from generated TPU-v3 traces: ResNet-50 at 256, 1024 and 4096 chips (MLPerf presets, one
+host written per run, few steps). The analysis reads the traces only; ground_truth.json is read here,
+by the test, as the independent reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+generator = pytest.importorskip("tpuanalyze.generator")
+if not hasattr(generator, "generate"):
+    pytest.skip("tpuanalyze.generator.generate not available yet", allow_module_level=True)
+
+from tpuanalyze.analyzer.compare import RunLoader  # noqa: E402
+from tpuanalyze.analyzer.scaling import analyze_scaling, holdout_check  # noqa: E402
+from tpuanalyze.reports.cmd_scaling import trace_series  # noqa: E402
+
+CHIPS = (256, 1024, 4096)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpuanalyze.cli", *args], capture_output=True, text=True,
+                          env={"COLUMNS": "220", "PATH": ""})
+
+
+@pytest.fixture(scope="module")
+def resnet_runs(tmp_path_factory) -> dict[int, Path]:
+    out = tmp_path_factory.mktemp("scaling")
+    return {chips: generator.generate("resnet50", chips, steps=3, hosts=1, seed=1, out=out / f"r{chips}")
+            for chips in CHIPS}
+
+
+@pytest.fixture(scope="module")
+def series(resnet_runs, tmp_path_factory):
+    from tpuanalyze.store.ingest import ingest_paths
+
+    db = tmp_path_factory.mktemp("scaling-db") / "runs.duckdb"
+    for path in resnet_runs.values():
+        ingest_paths([path], db)
+    with RunLoader(db) as loader:
+        runs = [run for spec in ("1", "2", "3") for run in loader.load(spec)]
+        return trace_series(runs, {})
+
+
+def test_chips_and_batch_come_from_the_trace(series, resnet_runs):
+    assert list(series["chips"]) == list(CHIPS)
+    for row in series.itertuples():
+        truth = json.loads((resnet_runs[row.chips] / "ground_truth.json").read_text())
+        assert row.per_core_batch == pytest.approx(truth["model"]["per_core_batch"])
+        assert row.step_time_ms == pytest.approx(truth["step_time_ms"], rel=0.05)
+
+
+def test_two_smaller_runs_predict_the_largest_within_10_percent(series):
+    check = holdout_check(series.drop(columns=["workload"]))
+    assert check["fitted_on_chips"] == [256, 1024] and check["chips"] == 4096
+    assert abs(check["relative_error"]) < 0.10, check
+
+
+def test_shares_move_as_the_cost_model_says(series):
+    analysis = analyze_scaling(series.drop(columns=["workload"]), workload="resnet50")
+    measured = analysis.measured.set_index("chips")
+    # per-core batch shrinks with scale (MLPerf presets), the gradient all-reduce does not: its share grows
+    assert measured.loc[4096, "collectives_share"] > measured.loc[256, "collectives_share"]
+    assert measured.loc[4096, "weight_update_share"] >= measured.loc[256, "weight_update_share"]
+    assert measured.loc[4096, "compute_share"] < measured.loc[256, "compute_share"]
+    assert analysis.growing == "collectives"
+    assert any(f["rule"] == "scaling-limit" and f["evidence"]["metrics"]["category"] == "collectives"
+               for f in analysis.findings)
+    # efficiency: per-core throughput falls with scale
+    assert measured["per_core_throughput_rel"].is_monotonic_decreasing
+
+
+def test_cli_scaling_from_traces(resnet_runs, tmp_path):
+    out = tmp_path / "s.json"
+    result = _cli("scaling", *(str(resnet_runs[c]) for c in CHIPS), "--json", str(out), "--project", "8192")
+    assert result.returncode == 0, result.stderr
+    series = json.loads(out.read_text())["series"][0]
+    assert [r["chips"] for r in series["runs"]] == list(CHIPS)
+    assert 8192 in [r["chips"] for r in series["projection"]["rows"]]
+    assert series["holdout"]["chips"] == 4096
+
+
+def test_mixed_workloads_and_single_run_are_rejected(resnet_runs, tmp_path):
+    bert = generator.generate("bert", 256, steps=2, hosts=1, out=tmp_path / "bert")
+    mixed = _cli("scaling", str(resnet_runs[1024]), str(bert))
+    assert mixed.returncode == 2 and "mix workloads" in mixed.stderr and mixed.stderr.count("\n") == 1
+    single = _cli("scaling", str(resnet_runs[256]))
+    assert single.returncode == 2 and "at least 2 runs" in single.stderr
+
+
+def test_chips_override(resnet_runs, tmp_path):
+    out = tmp_path / "o.json"
+    result = _cli("scaling", str(resnet_runs[256]), str(resnet_runs[1024]), "--chips",
+                  f"{resnet_runs[1024]}=2048", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(out.read_text())["series"][0]["runs"]
+    assert [r["chips"] for r in runs] == [256, 2048]
+    bad = _cli("scaling", str(resnet_runs[256]), str(resnet_runs[1024]), "--chips", "x=abc")
+    assert bad.returncode == 2 and "RUN=N" in bad.stderr
