@@ -49,7 +49,7 @@ def _shared_files() -> list:
 
 
 def _capture_id(path: Path | None) -> str:
-    return "absent" if path is None else path.parents[2].name  # <capture>/plugins/profile/<run>/<host>
+    return "absent" if path is None else path.parents[3].name  # <capture>/plugins/profile/<run>/<host>
 
 
 ALL_CAPTURES = [pytest.param(p, id=f"own-{_capture_id(p)}") for p in _own_files()] + [
