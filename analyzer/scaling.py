@@ -152,7 +152,9 @@ def fit_category(category: str, chips: Sequence[float], values: Sequence[float],
             candidates[form] = _loo_rms(form, n, y) if _physical(form, n, y, rising) else None
         scored = {f: e for f, e in candidates.items() if e is not None} or {"constant": 0.0}
         best = min(scored.values())
-        tied = [f for f, e in scored.items() if e - best <= _TIE * scale]
+        # a tie is what cannot matter for the step (0.5% of it) nor for the category's own shape (5%)
+        tolerance = min(_TIE * scale, 0.05 * float(np.mean(np.abs(y)))) + 1e-12
+        tied = [f for f, e in scored.items() if e - best <= tolerance]
         # among equally good forms: fewest parameters, then the cost-model prior
         form = min(tied, key=lambda f: (len(_FORMS[f][0]), f != prior))
     else:
@@ -190,6 +192,7 @@ class ScalingAnalysis:
             "metric": self.metric,
             "unit": self.unit,
             "batch_mode": self.batch_mode,
+            "projection_assumption": projection_assumption(self.measured),
             "runs": _records(self.measured),
             "fits": {c: {"form": f.form, "formula": f.formula, "params": f.params,
                          "rms_error": f.rms_error, "loo_error": f.loo_error,
@@ -318,24 +321,46 @@ def _cores_per_chip(frame: pd.DataFrame) -> float:
     return float((_cores(frame) / frame["chips"].astype(float)).iloc[-1])
 
 
+def projection_assumption(frame: pd.DataFrame) -> str:
+    """How the batch continues past the largest run: the global batch stays when the largest two runs
+    share it (convergence caps it, catalog §3.1), else the per-core batch of the largest run stays."""
+    if "per_core_batch" not in frame or frame["per_core_batch"].isna().any():
+        return "unknown batch"
+    if "global_batch" in frame and frame["global_batch"].notna().all() and len(frame) >= 2 and \
+            frame["global_batch"].iloc[-1] == frame["global_batch"].iloc[-2]:
+        return "fixed global batch"
+    return "fixed per-core batch"
+
+
+def _interpolate(frame: pd.DataFrame, column: str, chips: np.ndarray, beyond: np.ndarray,
+                 log_values: bool) -> np.ndarray:
+    """A run property at any chip count: log-log interpolation between runs (exact at runs), the
+    smallest run's value below them and ``beyond`` above the largest."""
+    by_chips = frame.assign(chips=frame["chips"].astype(float)).groupby("chips")[column].last()
+    x = np.log2(by_chips.index.to_numpy(dtype=float))
+    y = by_chips.to_numpy(dtype=float)
+    y = np.log2(y) if log_values else y
+    inside = np.interp(np.log2(chips), x, y)
+    inside = np.exp2(inside) if log_values else inside
+    return np.where(chips > by_chips.index.max(), beyond, inside)
+
+
 def factors_at(frame: pd.DataFrame, chips: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-core batch and epochs at ``chips``: measured where a run exists, else the assumption of
-    the batch mode (fixed global batch: G / cores; otherwise the largest run's per-core batch) and the
-    largest run's epochs."""
-    chips = np.asarray(chips, dtype=float)
+    """Per-core batch and epochs at ``chips``: the runs' values (interpolated between them), and past
+    the largest run the projection assumption (see projection_assumption) and its epochs."""
+    chips = np.atleast_1d(np.asarray(chips, dtype=float))
     largest = frame.iloc[-1]
-    measured = frame.assign(chips=frame["chips"].astype(float)).groupby("chips").last()
     out: dict[str, np.ndarray] = {}
-    if "per_core_batch" in frame and frame["per_core_batch"].notna().all():
-        if batch_mode(frame) == "fixed-global-batch":
-            assumed = float(largest["global_batch"]) / (chips * _cores_per_chip(frame))
+    if "per_core_batch" in frame and frame["per_core_batch"].notna().all() and \
+            (frame["per_core_batch"] > 0).all():
+        if projection_assumption(frame) == "fixed global batch":
+            beyond = float(largest["global_batch"]) / (chips * _cores_per_chip(frame))
         else:
-            assumed = np.full_like(chips, float(largest["per_core_batch"]))
-        known = measured["per_core_batch"].reindex(chips).to_numpy(dtype=float)
-        out["per_core_batch"] = np.where(np.isnan(known), assumed, known)
+            beyond = np.full_like(chips, float(largest["per_core_batch"]))
+        out["per_core_batch"] = _interpolate(frame, "per_core_batch", chips, beyond, log_values=True)
     if "epochs" in frame and frame["epochs"].notna().all():
-        known = measured["epochs"].reindex(chips).to_numpy(dtype=float)
-        out["epochs"] = np.where(np.isnan(known), float(largest["epochs"]), known)
+        out["epochs"] = _interpolate(frame, "epochs", chips, np.full_like(chips, float(largest["epochs"])),
+                                     log_values=False)
     return out
 
 
