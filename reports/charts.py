@@ -154,7 +154,9 @@ def category_shares_chart(breakdowns: dict[str, dict[str, float]]) -> alt.Chart 
     present = [c for c in CATEGORIES if c in set(frame["cat"])]
     frame = frame.drop(columns=["cat"])
     base = alt.Chart(frame).encode(
-        y=alt.Y("run:N", title=None, sort=list(breakdowns)),
+        y=alt.Y(
+            "run:N", title=None, sort=list(breakdowns), axis=alt.Axis(labels=len(breakdowns) > 1, ticks=False)
+        ),
         x=alt.X(
             "share:Q",
             stack="zero",
@@ -298,6 +300,10 @@ def collectives_size_chart(collectives: pd.DataFrame) -> alt.Chart | None:
     if _empty(collectives):
         return None
     frame = collectives.copy()
+    frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce")
+    frame = frame[frame["bytes"] > 0]  # sizes unknown (no shape in the trace): nothing to place on the axis
+    if frame.empty:
+        return None
     frame["total_ms"] = frame["exposed_ms_per_step"].fillna(0) + frame["overlapped_ms_per_step"].fillna(0)
     frame["bytes"] = frame["bytes"].astype("float64").clip(lower=1)
     frame["dtype"] = frame["dtype"].fillna("?").astype(str) if "dtype" in frame.columns else "?"

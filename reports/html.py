@@ -151,7 +151,9 @@ def run_section(index: int, analysis: Any) -> RunSection:
             "Collectives by size",
             "Each point is a distinct collective; many small ones are latency bound (catalog §3.5).",
             charts.collectives_size_chart(collectives),
-            note="no collectives in this trace",
+            note="no collectives in this trace"
+            if collectives is None or collectives.empty
+            else "collective sizes are not in this trace (no shapes on the collective ops)",
         ),
         "input": _block(
             f"{prefix}-input",

@@ -53,6 +53,10 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"{float(value):,.{digits}f}"
 
 
+def _count(value: Any, noun: str) -> str:
+    return f"{view.format_value(value)} {noun}{'' if value == 1 else 's'}"
+
+
 def header(summary: dict) -> Panel:
     st = summary.get("step_time_ms") or {}
     grid = Table.grid(padding=(0, 2))
@@ -60,9 +64,7 @@ def header(summary: dict) -> Panel:
     grid.add_column()
     grid.add_row("device", str(summary.get("device_type") or "unknown"))
     grid.add_row(
-        "hosts / cores",
-        f"{view.format_value(summary.get('hosts'))} hosts · "
-        f"{view.format_value(summary.get('devices'))} cores",
+        "hosts / cores", f"{_count(summary.get('hosts'), 'host')} · {_count(summary.get('devices'), 'core')}"
     )
     grid.add_row("steps", view.format_value(summary.get("steps")))
     grid.add_row("step time", view.step_time_text(summary) if st else "no steps found")

@@ -29,8 +29,8 @@ class FindingView:
     gain_fraction: float | None  # estimated step-time saving as a fraction of step time, if known
     gain_ms: float | None
     gain_text: str
-    gain_model: str = ""  # how the estimate was made (the catalog cost model), when given
     evidence_text: str
+    gain_model: str = ""  # how the estimate was made (the catalog cost model), when given
     evidence_items: list[tuple[str, str]] = field(default_factory=list)
     sql: list[str] = field(default_factory=list)
     recommendation: str = ""
@@ -137,6 +137,30 @@ def _evidence(raw: Any) -> tuple[str, list[tuple[str, str]], list[str]]:
     return str(raw), [], []
 
 
+# Section titles of catalog.md §3 (the optimization catalog), for findings that cite a bare number.
+CATALOG_SECTIONS = {
+    "3.1": "Model parallelism / spatial partitioning",
+    "3.2": "Weight-update sharding",
+    "3.3": "Gradient all-reduce on the 2-D torus",
+    "3.4": "bf16 gradient all-reduce",
+    "3.5": "All-reduce combining and overlap",
+    "3.6": "Distributed batch norm",
+    "3.7": "On-device training loops",
+    "3.8": "Host input pipeline scaling",
+    "3.9": "Space-to-depth and layouts",
+    "3.10": "Distributed, overlapped evaluation",
+    "3.11": "Large-batch optimizers (LARS, LAMB)",
+    "3.12": "Padding, bucketing, packing",
+    "3.13": "Limited data parallelism, unscaled weights",
+}
+
+
+def catalog_title(section: str) -> str:
+    """'3.8' -> '§3.8 Host input pipeline scaling' (several sections separated by commas)."""
+    parts = [p.strip() for p in section.replace(";", ",").split(",") if p.strip()]
+    return ", ".join(f"§{p} {CATALOG_SECTIONS[p]}" if p in CATALOG_SECTIONS else f"§{p}" for p in parts)
+
+
 def finding_view(finding: dict) -> FindingView:
     raw_gain = finding.get("estimated_gain")
     fraction, ms, gain_text = _gain(raw_gain)
@@ -148,6 +172,9 @@ def finding_view(finding: dict) -> FindingView:
     catalog = finding.get("catalog") or ""
     if isinstance(catalog, dict):
         catalog = " ".join(str(v) for v in catalog.values())
+    catalog = str(catalog)
+    if catalog[:1].isdigit():  # a bare section number "3.8" -> "catalog §3.8 <title>"
+        catalog = catalog_title(catalog)
     return FindingView(
         rule=str(finding.get("rule", "?")),
         severity=str(finding.get("severity", "low")).lower(),
@@ -216,7 +243,7 @@ def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[Bre
                 ms_by_category["eval"] = float(eval_steps["duration_ps"].mean()) / 1e9
         for category in CATEGORIES:
             column = f"{category}_ps"
-            if column in train.columns and not train.empty:
+            if category != "eval" and column in train.columns and not train.empty:
                 ms_by_category[category] = float(train[column].fillna(0).mean()) / 1e9
     rows = []
     for category in CATEGORIES:
@@ -255,7 +282,8 @@ def worst_rows(frame: pd.DataFrame | None, keys: list[str], limit: int = 5) -> p
         # The category that makes the difference: the one most above its median over all rows.
         excess = data[shares].astype("float64") - data[shares].astype("float64").median()
         data["largest_excess"] = excess.idxmax(axis=1).map(CATEGORY_LABELS)
-        data.loc[excess.max(axis=1) <= 0, "largest_excess"] = ""
+        # Ties and noise are not a cause: at least half a percentage point above the median.
+        data.loc[excess.max(axis=1) < 0.005, "largest_excess"] = ""
     else:
         data["largest_excess"] = ""
     data = data.sort_values("step_time_ms", ascending=False).head(limit)

@@ -1,0 +1,121 @@
+"""The HTML report in a real headless Chromium, offline: every chart renders, no errors, findings shown.
+
+Chromium runs with the network cut (dead proxy, no DNS) and the report's CSP forbids fetches; the
+page's own script reports errors, rejected chart promises and CSP violations in #render-status.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from test_html_offline import external_references
+from test_report_pipeline import cli, generated_run, ingested, jax_cpu_run
+from tpuanalyze.reports import browser
+
+pytestmark = pytest.mark.browser
+
+needs_chromium = pytest.mark.skipif(
+    browser.find_chromium() is None, reason="headless chromium not installed (apt-get install chromium)"
+)
+
+
+def _report(tmp_path: Path, *paths: Path, name: str = "report.html") -> Path:
+    db, _ = ingested(*paths)
+    out = tmp_path / name
+    proc = cli("report", str(db), "--html", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {out}" in proc.stderr
+    return out
+
+
+def _check_rendered(page: browser.RenderedPage, document: str) -> None:
+    status = page.status
+    assert status.get("done") is True, status
+    assert status["errors"] == [], status["errors"]
+    expected = len(re.findall(r'<div class="chart" id="', document))
+    assert expected >= 1
+    assert status["charts"] == expected and status["rendered"] == expected, status
+    containers = page.chart_containers()
+    assert len(containers) == expected
+    for chart_id, inner in containers.items():
+        assert "<svg" in inner or "<canvas" in inner, f"chart {chart_id} did not render"
+        assert "data-error" not in inner
+
+
+@needs_chromium
+def test_generated_pod_report_renders_offline_with_findings(tmp_path: Path) -> None:
+    run = generated_run(scenario="input-bound", chips=16)
+    out = _report(tmp_path, run)
+    document = out.read_text()
+    assert external_references(document) == []
+    assert "<script src" not in document.lower() and "@import" not in document
+    page = browser.render(out)
+    _check_rendered(page, document)
+    # Findings: each card present after rendering, with evidence, recommendation and gain.
+    from tpuanalyze.analyzer.api import analyze_db
+
+    db, run_ids = ingested(run)
+    rules = [f["rule"] for a in analyze_db(db, list(run_ids)) for f in a.summary["findings"]]
+    assert "input-bound" in rules
+    for rule in rules:
+        assert f'data-rule="{rule}"' in page.dom
+    assert page.dom.count("Evidence</dt>") == len(rules)
+    assert page.dom.count("Recommendation</dt>") == len(rules)
+    # Tooltips are declared on every chart's marks.
+    for spec in re.findall(r'<script type="application/json" id="spec-[^"]+">(.*?)</script>', document, re.S):
+        assert '"tooltip"' in spec
+
+
+@needs_chromium
+def test_cpu_capture_report_shows_notes_instead_of_broken_charts(tmp_path: Path) -> None:
+    out = _report(tmp_path, jax_cpu_run("single_jit_train"))
+    document = out.read_text()
+    page = browser.render(out)
+    _check_rendered(page, document)
+    assert "no collectives in this trace" in page.dom
+
+
+@needs_chromium
+def test_several_runs_render_with_overview(tmp_path: Path) -> None:
+    out = _report(tmp_path, generated_run(), generated_run(scenario="input-bound", seed=1))
+    document = out.read_text()
+    page = browser.render(out)
+    _check_rendered(page, document)
+    assert 'id="runs"' in page.dom
+    assert page.dom.count('class="run"') == 2
+
+
+@needs_chromium
+def test_harness_sees_errors_and_network_attempts(tmp_path: Path) -> None:
+    """Negative control: a broken chart spec and an external image must show up as errors."""
+    out = _report(tmp_path, generated_run())
+    document = out.read_text()
+    broken = tmp_path / "broken.html"
+    first_spec = re.search(
+        r'(<script type="application/json" id="spec-[^"]+">)(.*?)(</script>)', document, re.S
+    )
+    document = document.replace(
+        first_spec.group(0), first_spec.group(1) + '{"mark": ' + first_spec.group(3), 1
+    )
+    document = document.replace("</footer>", '<img src="https://example.com/pixel.png"></footer>', 1)
+    broken.write_text(document)
+    page = browser.render(broken)
+    errors = " ".join(page.status["errors"])
+    assert "bad spec" in errors
+    assert "csp" in errors and "example.com" in errors
+
+
+def test_html_size_grows_slowly_with_hosts_and_stays_under_10mb_at_256(tmp_path: Path) -> None:
+    """Aggregation, not event dumps: extrapolate the size per sampled host to a 256-host report."""
+    # 1024 chips = 256 hosts of 4 chips (catalog §2); write a sample of K hosts. Both samples are past
+    # 64 cores, so the heatmap is per host in both and the growth per host is what 256 hosts would add.
+    sizes = {}
+    for hosts in (16, 32):
+        run = generated_run(model="resnet50", chips=1024, hosts=hosts, steps=4)
+        sizes[hosts] = _report(tmp_path, run, name=f"h{hosts}.html").stat().st_size
+    per_host = max(0.0, (sizes[32] - sizes[16]) / 16)
+    projected_256 = sizes[32] + per_host * (256 - 32)
+    assert projected_256 < 10e6, (sizes, projected_256)
+    assert per_host < 20_000, sizes  # a heatmap row and an input bar, not events
