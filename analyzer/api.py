@@ -66,7 +66,11 @@ def _device_type(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any
     ).fetchone()
     if row and (row[0] or row[1]):
         return row[0] or row[1].upper()
-    return "CPU"
+    host_ops = con.execute(
+        "SELECT count(*) FROM events WHERE run_id = ? AND plane LIKE '/host:%' "
+        "AND json_extract_string(stats, '$.hlo_op') IS NOT NULL", [int(run_id)]
+    ).fetchall()[0][0]
+    return "CPU" if host_ops else None
 
 
 def _notes(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],

@@ -62,11 +62,23 @@ def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[st
     return relation
 
 
+def view_sql(config: dict[str, Any], run_filter: str = "TRUE") -> dict[str, str]:
+    """Stage name -> one self-contained SELECT: the earlier stages it needs as MATERIALIZED CTEs, so a
+    query over a view computes each stage once (views over views would re-expand them)."""
+    relation = {name: f"_s_{name}" for name in STAGE_NAMES}
+    subs = _substitutions(config, run_filter, relation)
+    bodies = {name: Template(body).safe_substitute(subs) for name, body in load_stages()}
+    out: dict[str, str] = {}
+    for i, name in enumerate(STAGE_NAMES):
+        ctes = [f"_s_{prev} AS MATERIALIZED ({bodies[prev]})" for prev in STAGE_NAMES[:i]
+                if f"_s_{prev}" in "".join(bodies[n] for n in STAGE_NAMES[: i + 1])]
+        out[name] = (f"WITH {', '.join(ctes)} SELECT * FROM ({bodies[name]}) AS _stage" if ctes
+                     else bodies[name])
+    return out
+
+
 def install_views(con: duckdb.DuckDBPyConnection, config: dict[str, Any]) -> list[str]:
     """Create (or replace) persistent views named after the stages, over all runs of the database."""
-    relation: dict[str, str] = {}
-    for name, body in load_stages():
-        sql = Template(body).safe_substitute(_substitutions(config, "TRUE", relation))
+    for name, sql in view_sql(config).items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}").fetchall()
-        relation[name] = name
-    return list(relation)
+    return list(STAGE_NAMES)

@@ -366,7 +366,7 @@ def _eval_overhead(c: _Ctx, t: dict) -> list[dict]:  # catalog §3.10: eval > 10
         "eval-overhead", sev,
         f"eval takes {frac:.1%} of wall time ({frac * wall_ms:.1f} ms of {wall_ms:.1f} ms)",
         {"eval_fraction_of_wall": frac, "wall_ms": wall_ms, "eval_ms": frac * wall_ms},
-        (f"SELECT sum(eval_ps) / sum(wall_ps) AS eval_fraction_of_wall\n"
+        (f"SELECT avg(eval_ps / wall_ps) AS eval_fraction_of_wall  -- mean over devices\n"
          f"FROM device_breakdown WHERE run_id = {c.run_id}"),
         gain(eval_ms_per_step * 0.5, c.step_ms, "distributed, overlapped eval hides about half of it, "
              "amortized per train step (catalog §3.10)"),
@@ -388,8 +388,8 @@ def _host_overhead(c: _Ctx, t: dict) -> list[dict]:  # catalog §3.7, §4: idle 
         f"devices are idle {frac:.1%} of wall time (in-step idle {c.frac['idle']:.1%} of step time plus gaps "
         f"between steps): the host launches work too slowly",
         {"idle_fraction_of_wall": frac, "idle_in_step_fraction": c.frac["idle"], "idle_ms_per_step": idle_ms},
-        (f"SELECT sum(idle_ps) / sum(wall_ps) AS idle_fraction_of_wall,\n"
-         f"       sum(idle_in_steps_ps) / sum(wall_ps) AS idle_in_steps_fraction_of_wall\n"
+        (f"SELECT avg(idle_ps / wall_ps) AS idle_fraction_of_wall,  -- mean over devices\n"
+         f"       avg(idle_in_steps_ps / wall_ps) AS idle_in_steps_fraction_of_wall\n"
          f"FROM device_breakdown WHERE run_id = {c.run_id}"),
         gain(idle_ms, c.step_ms, "idle time between and inside steps removed by an on-device loop "
                                  "(catalog §3.7)"),
@@ -557,12 +557,19 @@ def _straggler(c: _Ctx, t: dict) -> list[dict]:  # catalog §3.8 (infeed max/avg
                  (ar_sync - ar_compute) if ar_sync == ar_sync and ar_compute == ar_compute else 0.0, 0.0)
     return [_finding(
         "straggler", sev or "medium", "; ".join(reasons), metrics,
-        (f"SELECT host, device_ordinal, sum(duration_ps) / 1e9\n"
-         f"       / (SELECT count(*) FROM step_breakdown b WHERE b.run_id = {c.run_id} AND NOT b.is_eval\n"
-         f"          AND b.host = o.host AND b.device_ordinal = o.device_ordinal) AS infeed_ms_per_step\n"
-         f"FROM op_steps o WHERE run_id = {c.run_id} AND category = 'input'\n"
-         f"  AND step_start IS NOT NULL AND NOT step_is_eval\n"
-         f"GROUP BY host, device_ordinal ORDER BY infeed_ms_per_step DESC"),
+        (f"WITH st AS (SELECT host, device_ordinal, count(*) AS n, sum(input_ps) AS input_ps\n"
+         f"            FROM step_breakdown WHERE run_id = {c.run_id} AND NOT is_eval GROUP BY ALL),\n"
+         f"op AS (SELECT host, device_ordinal,\n"
+         f"              sum(duration_ps) FILTER (WHERE category = 'input') AS infeed_ps,\n"
+         f"              sum(duration_ps) FILTER (WHERE collective_kind = 'all-reduce'\n"
+         f"                                       AND line <> 'Async XLA Ops') AS allreduce_ps\n"
+         f"       FROM op_steps WHERE run_id = {c.run_id} AND step_start IS NOT NULL AND NOT step_is_eval\n"
+         f"       GROUP BY ALL)\n"
+         f"SELECT st.host, st.device_ordinal,\n"
+         f"       coalesce(op.infeed_ps, st.input_ps) / st.n / 1e9 AS infeed_ms_per_step,\n"
+         f"       coalesce(op.allreduce_ps, 0) / st.n / 1e9 AS allreduce_ms_per_step\n"
+         f"FROM st LEFT JOIN op USING (host, device_ordinal)\n"
+         f"ORDER BY infeed_ms_per_step DESC, allreduce_ms_per_step DESC"),
         gain(excess, c.step_ms, "the slowest core's excess wait (infeed max - mean, or all-reduce sync "
                                 "- compute) "
              "removed by fixing the straggler (catalog §3.3, §3.8)"),

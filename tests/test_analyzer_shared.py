@@ -1,0 +1,106 @@
+"""The analyzer on every real trace in ../shared/traces: never fails, says what a trace lacks, and the
+JAX CPU captures show what their programs did (input-bound, eval, psum collectives)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from tpuanalyze.analyzer.api import analyze_run, install_views, report_json
+from tpuanalyze.store.ingest import ingest_paths
+
+
+def _shared_runs(shared: Path) -> list[Path]:
+    real = shared / "real"
+    paths = sorted(p for p in real.glob("*.xplane.pb") if "corrupt" not in p.name)
+    paths += sorted(p for p in real.iterdir() if p.is_dir())
+    paths += sorted(p for p in (shared / "jax_cpu").iterdir() if p.is_dir())
+    paths += sorted((shared / "chrome_json").glob("*.json.gz"))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def shared_db(shared_traces: Path, tmp_path_factory: pytest.TempPathFactory) -> duckdb.DuckDBPyConnection:
+    db = tmp_path_factory.mktemp("shared") / "shared.duckdb"
+    ingest_paths(_shared_runs(shared_traces), db)
+    con = duckdb.connect(str(db))
+    install_views(con)
+    yield con
+    con.close()
+
+
+def _run_id(con: duckdb.DuckDBPyConnection, fragment: str) -> int:
+    rows = con.execute("SELECT run_id FROM runs WHERE source_path LIKE ?", [f"%{fragment}%"]).fetchall()
+    assert len(rows) == 1, (fragment, rows)
+    return rows[0][0]
+
+
+def test_every_shared_trace_analyzes(shared_db: duckdb.DuckDBPyConnection) -> None:
+    runs = shared_db.execute("SELECT run_id, name FROM runs WHERE source_format <> 'mlperf'").fetchall()
+    assert len(runs) >= 10
+    analyses = [analyze_run(shared_db, run_id) for run_id, _ in runs]
+    doc = json.loads(json.dumps(report_json(analyses)))  # plain JSON all the way down
+    for run in doc["runs"]:
+        assert set(run) >= {"run", "device_type", "hosts", "devices", "steps", "step_time_ms", "breakdown",
+                            "collectives_overlapped", "findings", "notes"}
+        total = sum(run["breakdown"].values())
+        if run["steps"]:
+            assert total == pytest.approx(1.0, abs=1e-6), run["run"]
+        else:
+            assert run["notes"], f"{run['run']}: no steps but no note saying so"
+            assert total == 0.0
+
+
+def test_v6e_inference_has_no_steps_line_and_says_so(shared_db: duckdb.DuckDBPyConnection) -> None:
+    a = analyze_run(shared_db, _run_id(shared_db, "tpu_v6e_4chip"))
+    assert a.summary["device_type"].startswith("TPU v6")
+    assert a.summary["devices"] == 4
+    assert any("no Steps line" in n for n in a.summary["notes"])
+    assert "all-reduce" in set(a.collectives["kind"])  # the capture's psum
+
+
+def test_kineto_json_without_device_planes_says_so(shared_db: duckdb.DuckDBPyConnection) -> None:
+    a = analyze_run(shared_db, _run_id(shared_db, "kineto_resnet50"))
+    assert any("no device planes" in n for n in a.summary["notes"])
+
+
+def test_pmap8_input_bound(shared_db: duckdb.DuckDBPyConnection) -> None:
+    a = analyze_run(shared_db, _run_id(shared_db, "pmap8_input_bound"))
+    bd = a.summary["breakdown"]
+    non_compute = {k: v for k, v in bd.items() if k != "compute"}
+    assert max(non_compute, key=non_compute.get) == "input", bd
+    assert a.summary["devices"] == 8 and a.summary["device_type"] == "CPU"
+    found = {f["rule"]: f for f in a.findings}
+    assert found["input-bound"]["severity"] == "high"
+    assert "all-reduce" in set(a.collectives["kind"])  # the program's pmean
+
+
+def test_pmap8_train_eval(shared_db: duckdb.DuckDBPyConnection) -> None:
+    a = analyze_run(shared_db, _run_id(shared_db, "pmap8_train_eval"))
+    assert a.summary["breakdown"]["eval"] > 0.01
+    assert a.summary["steps"] == 20
+    ar = a.collectives.set_index("kind").loc["all-reduce"]
+    assert ar["count_per_step"] >= 1 and ar["exposed_ms_per_step"] > 0
+
+
+def test_single_jit_has_no_collectives(shared_db: duckdb.DuckDBPyConnection) -> None:
+    a = analyze_run(shared_db, _run_id(shared_db, "single_jit_train"))
+    assert a.summary["steps"] == 12 and a.summary["devices"] == 1
+    assert a.collectives.empty and a.summary["breakdown"]["collectives"] == 0.0
+
+
+def test_evidence_sql_reproduces_the_numbers(shared_db: duckdb.DuckDBPyConnection) -> None:
+    """Every finding's evidence SQL runs against the database views and returns its first metric."""
+    for fragment in ("pmap8_input_bound", "pmap8_train_eval", "tpu_v6e_4chip"):
+        a = analyze_run(shared_db, _run_id(shared_db, fragment))
+        assert a.findings, fragment
+        for f in a.findings:
+            row = shared_db.execute(f["evidence"]["sql"]).fetchall()
+            assert row, f["rule"]
+            metrics = f["evidence"]["metrics"]
+            first_key = next(iter(metrics))
+            if f["rule"] in ("input-bound", "collective-bound", "outfeed-bound", "weight-update-unsharded",
+                             "eval-overhead", "host-overhead"):
+                assert row[0][0] == pytest.approx(metrics[first_key], abs=1e-6), f["rule"]
