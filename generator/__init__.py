@@ -20,7 +20,8 @@ from tpuanalyze.generator.program import build_eval_program, build_train_program
 from tpuanalyze.generator.scenarios import SCENARIOS, get_scenario
 from tpuanalyze.generator.timeline import nominal_step_ms, simulate
 from tpuanalyze.generator.topology import topology_for
-from tpuanalyze.generator.workloads import MODELS, config_for, get_model
+from tpuanalyze.generator.visibility import check_visibility
+from tpuanalyze.generator.workloads import MODELS, at_scale_config, config_for, get_model
 from tpuanalyze.generator.xspace_writer import (
     LINE_ASYNC,
     LINE_MODULES,
@@ -82,6 +83,8 @@ def plan_run(model: str, chips: int, scenario: str = "baseline", steps: int = 10
     train program, eval program, nominal device step ms). Used by calibration and tests."""
     m, topo, scen = _validate(model, chips, steps, None, scenario)
     cfg = config_for(model, chips)
+    if scen.at_scale:
+        cfg = at_scale_config(model, chips, cfg)
     costs = step_costs(m, cfg, topo, scen)
     train = build_train_program(m, costs, topo, scen, _program_id(model, scenario, "train"))
     evalp0 = build_eval_program(m, costs, topo, scen, _program_id(model, scenario, "eval"), 0.0)
@@ -161,6 +164,10 @@ def generate(
     train_kinds = np.array([KIND_INDEX[o.kind] for o in train.ops])
     eval_kinds = np.array([KIND_INDEX[o.kind] for o in evalp.ops])
     bytes_written = 0
+    categories = sorted({o.category for o in train.ops})
+    train_cat_index = np.array([categories.index(o.category) for o in train.ops])
+    cat_time_ps = np.zeros(len(categories))
+    infeed_ps: list[float] = []
     info = {
         "generator": "tpuanalyze.generator",
         "model": m.name,
@@ -194,6 +201,7 @@ def generate(
             if len(seg.async_ops):
                 a_s = np.round((seg.async_starts[:, cols] + lead_ms) * PS_PER_MS).astype(np.int64)
                 a_e = np.round((seg.async_ends[:, cols] + lead_ms) * PS_PER_MS).astype(np.int64)
+                a_e = np.minimum(a_e, step_ends[-1])  # the capture stops at the last step's end
                 as_md.append(base + np.array(seg.async_ops))
                 as_s.append(a_s)
                 as_e.append(a_e)
@@ -223,6 +231,12 @@ def generate(
             ]
         )
         truth.add(host, list(range(cph)), gt_s, gt_e, gt_c)
+        # op time per hlo_category in train steps (XLA Ops line), for the visibility checks
+        train_rows = o_pres & (o_md < meta.train_base + n_train)
+        cat_idx = train_cat_index[o_md[train_rows] - meta.train_base]
+        np.add.at(cat_time_ps, cat_idx, (o_e - o_s)[train_rows].sum(axis=1))
+        infeed_rows = train_rows & (o_md == meta.train_base)
+        infeed_ps.extend((o_e - o_s)[infeed_rows].sum(axis=0).tolist())
 
         ops_lines = device_line_events(o_md, o_s, o_e - o_s, o_grp, o_pres)
         async_lines = device_line_events(
@@ -270,6 +284,10 @@ def generate(
             progress(i + 1, len(written_hosts))
 
     res = truth.result()
+    op_ms = {c: float(cat_time_ps[i]) / PS_PER_MS / truth.cores / steps for i, c in enumerate(categories)}
+    visibility = check_visibility(
+        scen, res["mean"], op_ms, infeed_ps, train, costs, host_processing=scen.host_processing_share
+    )
     step_ms = float(np.mean(step_ends - step_starts)) / PS_PER_MS
     gt = {
         "step_time_ms": step_ms,
@@ -280,6 +298,8 @@ def generate(
         "scenario": scen.name,
         "scenario_description": scen.description,
         "injected_rules": list(scen.injected_rules),
+        "expected_rules": list(scen.injected_rules)
+        + [r for r in scen.secondary_rules if visibility[r]["visible"]],
         "model": {
             "name": m.name,
             "title": m.title,
@@ -321,6 +341,8 @@ def generate(
         "cores_written": truth.cores,
         "seed": seed,
         "per_step": res["per_step"],
+        "op_time_ms_per_step": op_ms,
+        "visibility": visibility,
         "per_core": truth.per_core if truth.cores <= 1024 else None,
         "bytes_written": bytes_written,
         "generate_seconds": time.perf_counter() - t_start,

@@ -22,6 +22,7 @@ from tpuanalyze.generator.topology import Topology
 from tpuanalyze.generator.workloads import Model, OpRecipe
 
 COLLECTIVE_CATEGORIES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+AG_BUCKET_BASE = 1000  # bucket ids of the weight all-gathers (they finish in the next step)
 KINDS = ("weight_update", "compute", "collectives", "input", "output")  # attribution priority order
 
 
@@ -136,15 +137,21 @@ def _bucket_shares(buckets: int) -> list[tuple[float, float]]:
     ]
 
 
+def _forward_bucket_shares(buckets: int) -> list[tuple[float, float]]:
+    """(position in forward where the bucket is first needed, share of weights), mirror of the above."""
+    return [
+        (g / buckets, math.sqrt(1 - g / buckets) - math.sqrt(1 - (g + 1) / buckets)) for g in range(buckets)
+    ]
+
+
 def _tensor_shares(n: int) -> list[tuple[float, float]]:
-    """Per-tensor gradients (no combining): alternating big weights and tiny bias/norm vectors."""
-    big = [1.0 + 0.8 * math.sin(i * 1.7) ** 2 for i in range(n // 2 + n % 2)]
-    total = sum(big) * 1.0004
-    shares = []
-    for i in range(n):
-        share = big[i // 2] / total if i % 2 == 0 else 0.0004 / (n // 2 or 1)
-        shares.append(((i + 1) / n, share))
-    return shares
+    """Per-tensor gradients (no combining): one weight matrix/kernel for every two bias or norm vectors
+    (ResNet-50: 54 kernels, 107 batch-norm vectors; BERT: 6 matrices per 10 vectors per layer)."""
+    big_idx = [i for i in range(n) if i % 3 == 0]
+    big = {i: 1.0 + 0.8 * math.sin(i * 1.7) ** 2 for i in big_idx}
+    tiny = 1e-4 / max(n - len(big_idx), 1)
+    total = sum(big.values()) / (1 - 1e-4)
+    return [((i + 1) / n, big[i] / total if i in big else tiny) for i in range(n)]
 
 
 def build_train_program(
@@ -160,7 +167,12 @@ def build_train_program(
     fwd_ms = costs.compute_ms / 3
     conv0_boost = 6.0 if not scen.space_to_depth and model.units_per_example == 1.0 else 1.0
     p = costs.partition
-    halo_ms = scen.halo_scale * (0.0025 + 0.0005 * math.log2(max(p, 1)))
+
+    # halo exchange after each partitioned conv/matmul: a latency plus a surface-to-volume share of the
+    # op's own time that grows with the number of partitions (catalog §3.1) [est]
+    def halo_ms(op_ms: float) -> float:
+        return scen.halo_scale * (0.0025 + 0.005 * (p - 1) * op_ms)
+
     # catalog §3.9: layout transposes around each layer's first op, forward and backward
     format_at = set()
     if scen.formatting_share > 0:
@@ -189,7 +201,7 @@ def build_train_program(
         )
     )
 
-    def permute(tf_op: str, layer: int) -> None:
+    def permute(tf_op: str, layer: int, op_ms: float) -> None:
         if p <= 1:
             return
         s = name("collective-permute")
@@ -210,10 +222,10 @@ def build_train_program(
                 tf_op + "/halo_exchange",
                 _layout(shape),
                 0,
-                int(halo_ms * 1e-3 * 50e9),
+                int(halo_ms(op_ms) * 1e-3 * 50e9),
                 0.0,
                 "sync_group",
-                comm_ms=halo_ms,
+                comm_ms=halo_ms(op_ms),
             )
         )
 
@@ -241,8 +253,72 @@ def build_train_program(
             )
         )
 
+    algo = scen.allreduce_algo
+    dtype = "f32" if scen.grad_dtype == "f32" else "bf16"
+    groups = f"replica_groups=[1,{topo.cores // p}]<=[{topo.cores // p}]"
+
+    def collective(
+        opcode: str, category: str, nbytes: float, comm: float, role: str, bucket: int, tf_op: str
+    ) -> Op:
+        elems = max(1, int(nbytes / (4 if dtype == "f32" else 2)))
+        shape = f"{dtype}[{elems}]"
+        s = name(opcode)
+        extra = f"channel_id={bucket + 1}, {groups}" + (", to_apply=%add" if "gather" not in opcode else "")
+        return Op(
+            s,
+            _hlo(s, shape, opcode, f"{_layout(shape)} %fusion", extra),
+            category,
+            "collectives",
+            tf_op,
+            _layout(shape),
+            elems if "gather" not in opcode else 0,
+            int(nbytes),
+            0.002 if role == "async_start" else 0.0,
+            role,
+            comm_ms=comm,
+            bucket=bucket,
+        )
+
+    def done(start: Op) -> Op:
+        opcode = start.hlo.split(" ")[3].split("(")[0].replace("-start", "-done")
+        s = name(opcode)
+        return Op(
+            s,
+            _hlo(s, start.shape.split("{")[0], opcode, f"{start.shape} %{start.short}"),
+            start.category,
+            "collectives",
+            start.tf_op,
+            start.shape,
+            0,
+            0,
+            0.0,
+            "async_done",
+            bucket=start.bucket,
+        )
+
+    # catalog §3.2: with sharding, the updated weights are all-gathered in buckets after the update;
+    # overlapped, each bucket's -done waits just before the next step's forward needs those layers
+    # crossing into the next step needs one program around the steps: the on-device loop (catalog §3.7)
+    sharded_async = scen.wu_sharded and scen.overlap and scen.device_loop
+    ag_plan = _forward_bucket_shares(max(scen.grad_buckets, 1)) if sharded_async else []
+    ag_done_at = {round(pos * len(layers)): g for g, (pos, _share) in enumerate(ag_plan)}
+    ag_starts = [
+        collective(
+            "all-gather-start",
+            "all-gather",
+            costs.grad_bytes * share,
+            all_gather_ms(costs.grad_bytes * share, topo, algo),
+            "async_start",
+            AG_BUCKET_BASE + g,
+            f"train_step/optimizer/all-gather_weights/bucket_{g}",
+        )
+        for g, (_pos, share) in enumerate(ag_plan)
+    ]
+
     # forward
     for idx, (layer, r, tf_op) in enumerate(layers):
+        if idx in ag_done_at:
+            prog.ops.append(done(ag_starts[ag_done_at[idx]]))
         boost = conv0_boost if idx == 0 else 1.0
         t = fwd_ms * r.time_weight / tw * boost
         prog.ops.append(
@@ -251,132 +327,60 @@ def build_train_program(
             )
         )
         if r.backward_ops == 2:
-            permute(tf_op, layer)
+            permute(tf_op, layer, t)
         if idx in format_at:
             formatting(tf_op, layer)
 
     # backward: reverse order, conv/matmul -> input-grad + weight-grad
-    bwd: list[Op] = []
     start = len(prog.ops)
     for idx, (layer, r, tf_op) in reversed(list(enumerate(layers))):
         boost = conv0_boost if idx == 0 else 1.0
         t = fwd_ms * r.time_weight / tw * boost
         fl = costs.fwd_flops_per_core * r.flop_weight / fw
+        grad = "gradients/" + tf_op
         if r.backward_ops == 2:
-            prog.ops.append(
-                _op_from_recipe(name, r, model, layer, batch, t, fl, "gradients/" + tf_op, "_grad_input")
-            )
-            permute("gradients/" + tf_op, layer)
-            prog.ops.append(
-                _op_from_recipe(name, r, model, layer, batch, t, fl, "gradients/" + tf_op, "_grad_filter")
-            )
+            prog.ops.append(_op_from_recipe(name, r, model, layer, batch, t, fl, grad, "_grad_input"))
+            permute(grad, layer, t)
+            prog.ops.append(_op_from_recipe(name, r, model, layer, batch, t, fl, grad, "_grad_filter"))
         else:
-            prog.ops.append(_op_from_recipe(name, r, model, layer, batch, 2 * t, fl, "gradients/" + tf_op))
+            prog.ops.append(_op_from_recipe(name, r, model, layer, batch, 2 * t, fl, grad))
         if idx in format_at:
-            formatting("gradients/" + tf_op, layer)
+            formatting(grad, layer)
     bwd = prog.ops[start:]
     del prog.ops[start:]
 
-    # gradient collectives (catalog §3.2-§3.5)
-    algo = scen.allreduce_algo
-    dtype = "f32" if scen.grad_dtype == "f32" else "bf16"
+    # gradient reduction (catalog §3.2-§3.5): reduce-scatter when sharded, else all-reduce
     kind = "reduce-scatter" if scen.wu_sharded else "all-reduce"
+    cost = reduce_scatter_ms if scen.wu_sharded else allreduce_ms
     plan = (
         _tensor_shares(model.param_tensors) if scen.grad_buckets == 0 else _bucket_shares(scen.grad_buckets)
     )
-    cost = reduce_scatter_ms if scen.wu_sharded else allreduce_ms
     issue_at = [min(len(bwd), max(1, round(pos * len(bwd)))) for pos, _ in plan]
-    collectives: list[Op] = []
-    for g, (_pos, share) in enumerate(plan):
-        nbytes = costs.grad_bytes * share
-        elems = max(1, int(nbytes / (4 if dtype == "f32" else 2)))
-        shape = f"{dtype}[{elems}]"
-        comm = cost(nbytes, topo, algo)
-        groups = f"replica_groups=[1,{topo.cores // p}]<=[{topo.cores // p}]"
-        tf = f"gradients/{kind}/bucket_{g}" if scen.grad_buckets else f"gradients/{kind}/tensor_{g}"
-        if scen.overlap:
-            s = name(f"{kind}-start")
-            opcode = "all-reduce-start" if kind == "all-reduce" else "reduce-scatter-start"
-            collectives.append(
-                Op(
-                    s,
-                    _hlo(
-                        s,
-                        shape,
-                        opcode,
-                        f"{_layout(shape)} %fusion",
-                        f"channel_id={g + 1}, {groups}, to_apply=%add",
-                    ),
-                    kind,
-                    "collectives",
-                    tf,
-                    _layout(shape),
-                    elems,
-                    int(nbytes),
-                    0.002,
-                    "async_start",
-                    comm_ms=comm,
-                    bucket=g,
-                )
-            )
-        else:
-            s = name(kind)
-            collectives.append(
-                Op(
-                    s,
-                    _hlo(
-                        s,
-                        shape,
-                        kind,
-                        f"{_layout(shape)} %fusion",
-                        f"channel_id={g + 1}, {groups}, to_apply=%add",
-                    ),
-                    kind,
-                    "collectives",
-                    tf,
-                    _layout(shape),
-                    elems,
-                    int(nbytes),
-                    0.0,
-                    "sync_global",
-                    comm_ms=comm,
-                    bucket=g,
-                )
-            )
+    label = "bucket" if scen.grad_buckets else "tensor"
+    reductions = [
+        collective(
+            f"{kind}-start" if scen.overlap else kind,
+            kind,
+            costs.grad_bytes * share,
+            cost(costs.grad_bytes * share, topo, algo),
+            "async_start" if scen.overlap else "sync_global",
+            g,
+            f"gradients/{kind}/{label}_{g}",
+        )
+        for g, (_pos, share) in enumerate(plan)
+    ]
     if scen.overlap:
         for i, op in enumerate(bwd):
             prog.ops.append(op)
-            prog.ops += [c for c, at in zip(collectives, issue_at, strict=True) if at == i + 1]
-        for c in collectives:
-            s = name(c.short.split(".")[0].replace("-start", "-done"))
-            prog.ops.append(
-                Op(
-                    s,
-                    _hlo(
-                        s,
-                        c.shape.split("{")[0],
-                        c.hlo.split(" ")[3].split("(")[0].replace("-start", "-done"),
-                        f"{c.shape} %{c.short}",
-                    ),
-                    c.category,
-                    "collectives",
-                    c.tf_op,
-                    c.shape,
-                    0,
-                    0,
-                    0.0,
-                    "async_done",
-                    bucket=c.bucket,
-                )
-            )
+            prog.ops += [c for c, at in zip(reductions, issue_at, strict=True) if at == i + 1]
+        prog.ops += [done(c) for c in reductions]
     else:
-        prog.ops += bwd
-        prog.ops += collectives
+        prog.ops += bwd + reductions
 
     # weight update (catalog §3.2): six fused optimizer passes over the (sharded) parameters
-    steps = ("norm_weights", "norm_grads", "trust_ratio", "moments", "apply", "cast")
+    passes = ("norm_weights", "norm_grads", "trust_ratio", "moments", "apply", "cast")
     wu_elems = max(1, int(costs.wu_params_per_core))
-    for what in steps:
+    for what in passes:
         s = name("fusion")
         shape = f"f32[{wu_elems}]"
         prog.ops.append(
@@ -394,36 +398,23 @@ def build_train_program(
                 f"train_step/optimizer/{model.optimizer}/{what}",
                 _layout(shape),
                 wu_elems * 4,
-                int(costs.wu_params_per_core * model.wu_bytes_per_param / 6),
-                costs.weight_update_ms / len(steps),
+                int(costs.wu_params_per_core * model.wu_bytes_per_param / len(passes)),
+                costs.weight_update_ms / len(passes),
                 "compute",
             )
         )
-    if scen.wu_sharded:  # all-gather the updated (bf16) weights
-        nbytes = costs.grad_bytes  # weights gathered in the reduction dtype
-        elems = max(1, int(nbytes / (4 if dtype == "f32" else 2)))
-        shape = f"{dtype}[{elems}]"
-        s = name("all-gather")
+    if sharded_async:
+        prog.ops += ag_starts
+    elif scen.wu_sharded:  # not overlapped: one all-gather of the updated weights, waited for here
         prog.ops.append(
-            Op(
-                s,
-                _hlo(
-                    s,
-                    shape,
-                    "all-gather",
-                    f"{_layout(shape)} %fusion",
-                    f"channel_id=99, replica_groups=[1,{topo.cores // p}]<=[{topo.cores // p}], "
-                    "dimensions={0}",
-                ),
+            collective(
                 "all-gather",
-                "collectives",
-                "train_step/optimizer/all-gather_weights",
-                _layout(shape),
-                0,
-                int(nbytes),
-                0.0,
+                "all-gather",
+                costs.grad_bytes,
+                all_gather_ms(costs.grad_bytes, topo, algo),
                 "sync_global",
-                comm_ms=all_gather_ms(nbytes, topo, algo),
+                AG_BUCKET_BASE,
+                "train_step/optimizer/all-gather_weights",
             )
         )
     out_ms = costs.outfeed_ms + scen.outfeed_share * nominal_compute_ms(costs)
@@ -476,7 +467,7 @@ def build_eval_program(
             "infeed",
         )
     )
-    fl = model.train_flops_per_example / 3 * batch
+    fl = model.train_flops_per_example / 3 * costs.eval_examples_per_core
     for layer, r, tf_op in layers:
         prog.ops.append(
             _op_from_recipe(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from tpuanalyze.generator.cost_model import OP_OVERHEAD_US
-from tpuanalyze.generator.program import Program
+from tpuanalyze.generator.program import AG_BUCKET_BASE, Program
 
 HOST_JITTER = 0.002  # relative step-to-step compute jitter per host [est]
 CORE_JITTER = 0.001  # per core
@@ -52,19 +52,21 @@ def _walk(
     eps: np.ndarray,
     keep: np.ndarray,
     partition: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray]:
-    """Run one program on all cores from a common start; returns kept rows and every core's end time."""
+    carry: dict[int, float] | None = None,
+):
+    """Run one program on all cores from a common start; returns kept rows, every core's end time and
+    the completion time of each collective bucket (async ones may be waited for by the next step)."""
     n = len(prog.ops)
     cores = f.shape[0]
     t = np.full(cores, start)
     starts = np.empty((n, keep.size))
     durs = np.empty((n, keep.size))
-    comm_free = start
-    comm_end: dict[int, float] = {}
-    async_rows: dict[int, int] = {}
+    carry = carry or {}
+    comm_free = max([start, *carry.values()])
+    comm_end: dict[int, float] = dict(carry)
     async_ops: list[int] = []
     async_starts: list[np.ndarray] = []
-    async_ends: list[np.ndarray | None] = []
+    async_ends: list[np.ndarray] = []
     ovh = OP_OVERHEAD_US * 1e-3
     for j, op in enumerate(prog.ops):
         role = op.role
@@ -79,16 +81,12 @@ def _walk(
             begin = max(float((t + d).max()), comm_free)
             comm_free = begin + op.comm_ms
             comm_end[op.bucket] = comm_free
-            async_rows[op.bucket] = len(async_ops)
             async_ops.append(j)
             async_starts.append(t[keep].copy())
-            async_ends.append(None)
-        elif role == "async_done":
-            d = np.maximum(t + ovh, comm_end[op.bucket]) - t
             # the Async XLA Ops span covers the transfer in flight: issue -> completion
-            async_ends[async_rows[op.bucket]] = np.maximum(
-                async_starts[async_rows[op.bucket]], comm_end[op.bucket]
-            )
+            async_ends.append(np.maximum(t[keep], comm_free))
+        elif role == "async_done":  # a bucket issued before the profile window is already complete
+            d = np.maximum(t + ovh, comm_end.get(op.bucket, -np.inf)) - t
         elif role == "sync_global":
             begin = max(float(t.max()), comm_free)
             comm_free = begin + op.comm_ms * (1 + 0.2 * eps[j])
@@ -103,14 +101,27 @@ def _walk(
         t = t + d
     a_s = np.array(async_starts) if async_starts else np.empty((0, keep.size))
     a_e = np.array(async_ends) if async_ends else np.empty((0, keep.size))
-    return starts, durs, a_s, async_ops, a_e, t
+    return starts, durs, a_s, async_ops, a_e, t, comm_end
 
 
 def nominal_step_ms(prog: Program, cores: int, partition: int) -> float:
     """Device step length with no input wait and no jitter: what a host pipeline has to keep up with."""
     ones = np.ones(cores)
-    *_, t_end = _walk(prog, 0.0, ones, np.zeros(cores), np.zeros(len(prog.ops)), np.arange(1), partition)
-    return float(t_end.max())
+    *_, t_end, comm = _walk(
+        prog, 0.0, ones, np.zeros(cores), np.zeros(len(prog.ops)), np.arange(1), partition
+    )
+    # steady state: the next step's all-gather waits are part of the step too
+    *_, t_end2, _ = _walk(
+        prog,
+        float(t_end.max()),
+        ones,
+        np.zeros(cores),
+        np.zeros(len(prog.ops)),
+        np.arange(1),
+        partition,
+        comm,
+    )
+    return float(t_end2.max()) - float(t_end.max())
 
 
 def simulate(
@@ -142,6 +153,7 @@ def simulate(
     gap_base = DEVICE_LOOP_GAP_MS if host_gap_ms is None else host_gap_ms
 
     now = 0.0
+    carry: dict[int, float] = {}
     for k in range(steps):
         host_f = 1 + HOST_JITTER * rng.standard_normal(hosts)
         if straggler_host is not None:
@@ -151,16 +163,18 @@ def simulate(
         # steady state: a host slower than the device step makes its cores wait for the difference
         waits[:, k] = np.maximum(0.0, period - nominal)
         eps = np.clip(OP_JITTER * rng.standard_normal(len(train.ops)), -0.03, 0.03)
-        s, d, a_s, a_ops, a_e, t = _walk(train, now, f, waits[host_of, k], eps, keep, partition)
+        s, d, a_s, a_ops, a_e, t, comm = _walk(train, now, f, waits[host_of, k], eps, keep, partition, carry)
+        carry = {b: e for b, e in comm.items() if b >= AG_BUCKET_BASE}
         sched.segments.append(Segment(0, k, s, d, a_s, a_e, a_ops))
         sched.step_starts.append(now)
         end = float(t.max())
         gap = gap_base * (1 + 0.05 * abs(rng.standard_normal()))
         if eval_every and (k + 1) % eval_every == 0 and k < steps - 1:
-            ev_start = end + DEVICE_LOOP_GAP_MS
+            # eval needs the gathered weights: it starts once the pending all-gathers are complete
+            ev_start = max([end, *carry.values()]) + DEVICE_LOOP_GAP_MS
             sched.step_ends.append(ev_start)
             eps_e = np.clip(OP_JITTER * rng.standard_normal(len(evalp.ops)), -0.03, 0.03)
-            es, ed, ea_s, ea_ops, ea_e, et = _walk(
+            es, ed, ea_s, ea_ops, ea_e, et, _ = _walk(
                 evalp, ev_start, f, np.zeros(cores), eps_e, keep, partition
             )
             sched.segments.append(Segment(1, k, es, ed, ea_s, ea_e, ea_ops))
