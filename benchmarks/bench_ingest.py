@@ -6,6 +6,8 @@ memory never hides another's), all on the same large XSpace file (``make_large_x
 
 - ``tpuanalyze ingest``: the real CLI into a real DuckDB file (wall time includes interpreter start);
 - ``ingest_paths()``: the same ingest through the Python API, timed inside the process (work time);
+- ``parsing only``: ``read_run`` (the ingest's reader, no database), to split ingest time into
+  parsing and loading;
 - ``xprof ProfileData``: XProf's own reader (``/opt/xprofvenv/bin/python``, skipped with a message
   when absent): ``ProfileData.from_file`` then every event's name, start_ns, duration_ns and stats;
 - ``protobuf iterate``: ``XSpace.ParseFromString`` then every event's metadata_id, offset_ps,
@@ -13,7 +15,7 @@ memory never hides another's), all on the same large XSpace file (``make_large_x
 
 Prints a table (events, wall and work seconds, events/s, peak RSS MB, ratios vs xprof and vs the
 protobuf floor), the file and database sizes, checks "ingest events/s >= 5x xprof" and "ingest peak
-RSS <= 3 x (file + database)", verifies the database holds every event, and writes the report to
+RSS <= 3 x file size + database size", checks the database holds every event, writes the report to
 ``benchmarks/results/bench_ingest.md``.
 
 Usage (from the project root)::
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -47,11 +50,12 @@ XPROF_PYTHON = os.environ.get("TPUANALYZE_XPROF_PYTHON", "/opt/xprofvenv/bin/pyt
 TARGET_RATIO_VS_XPROF = 5.0
 MEMORY_FACTOR = 3.0
 
-# Child programs: each prints one JSON line {"events": n, "work_s": s} as its last stdout line.
+# Child programs: each prints one JSON line {"events": n, "work_s": s} as its last stdout line;
+# work_s starts after the imports (the CLI's reported time excludes them too).
 XPROF_CHILD = r"""
 import json, sys, time
-t0 = time.perf_counter()
 from xprof import profile_data
+t0 = time.perf_counter()
 pd = profile_data.ProfileData.from_file(sys.argv[1])
 n = 0
 for plane in pd.planes:
@@ -64,8 +68,8 @@ print(json.dumps({"events": n, "work_s": time.perf_counter() - t0}))
 
 PROTOBUF_CHILD = r"""
 import json, sys, time
-t0 = time.perf_counter()
 from tpuanalyze.proto import xplane_pb2
+t0 = time.perf_counter()
 space = xplane_pb2.XSpace()
 with open(sys.argv[1], "rb") as f:
     space.ParseFromString(f.read())
@@ -80,11 +84,24 @@ print(json.dumps({"events": n, "work_s": time.perf_counter() - t0}))
 
 API_CHILD = r"""
 import json, sys, time
-t0 = time.perf_counter()
 from tpuanalyze.store.ingest import ingest_paths
+t0 = time.perf_counter()
 summary = ingest_paths([sys.argv[1]], sys.argv[2])
 print(json.dumps({"events": summary.events, "work_s": time.perf_counter() - t0}))
 """
+
+
+PARSE_CHILD = r"""
+import json, sys, time
+from tpuanalyze.parsers.discover import discover
+from tpuanalyze.store.ingest import read_run
+t0 = time.perf_counter()
+runs = [read_run(source) for source in discover([sys.argv[1]])]
+print(json.dumps({"events": sum(r.num_events for r in runs), "work_s": time.perf_counter() - t0}))
+"""
+
+NOTES_MARK = "<!-- notes: kept when the benchmark rewrites this file -->"
+CLI_SECONDS = re.compile(r" in ([0-9.]+) s into ")
 
 
 @dataclass
@@ -129,8 +146,10 @@ def child_json(stdout: str) -> dict:
 def bench_cli(trace: Path, db: Path) -> Result:
     exe = shutil.which("tpuanalyze") or str(Path(sys.executable).with_name("tpuanalyze"))
     remove_db(db)
-    wall, peak, _ = run_measured([exe, "ingest", str(trace), "--db", str(db)])
-    return Result("tpuanalyze ingest (CLI)", count_db_events(db), wall, None, peak)
+    wall, peak, out = run_measured([exe, "ingest", str(trace), "--db", str(db)])
+    reported = CLI_SECONDS.search(out)  # the CLI's own "... in X s into DB" (ingest work, no start-up)
+    work = float(reported.group(1)) if reported else None
+    return Result("tpuanalyze ingest (CLI)", count_db_events(db), wall, work, peak)
 
 
 def bench_api(trace: Path, db: Path) -> Result:
@@ -138,6 +157,12 @@ def bench_api(trace: Path, db: Path) -> Result:
     wall, peak, out = run_measured([sys.executable, "-c", API_CHILD, str(trace), str(db)])
     data = child_json(out)
     return Result("ingest_paths() (API)", data["events"], wall, data["work_s"], peak)
+
+
+def bench_parse_only(trace: Path) -> Result:
+    wall, peak, out = run_measured([sys.executable, "-c", PARSE_CHILD, str(trace)])
+    data = child_json(out)
+    return Result("parsing only (read_run, no DB)", data["events"], wall, data["work_s"], peak)
 
 
 def bench_xprof(trace: Path) -> Result | None:
@@ -189,7 +214,7 @@ def versions() -> str:
 
 
 def render(results: list[Result], trace: Path, file_mb: float, db_mb: float, expected: int,
-           checks: list[tuple[str, bool, str]]) -> str:
+           checks: list[tuple[str, bool, str]], repeat: int) -> str:
     xprof = next((r for r in results if r.contender.startswith("xprof")), None)
     floor = next(r for r in results if r.contender.startswith("protobuf"))
     header = ("| contender | events | wall s | work s | events/s | peak RSS MB | vs xprof | vs protobuf |\n"
@@ -211,9 +236,11 @@ def render(results: list[Result], trace: Path, file_mb: float, db_mb: float, exp
         f"File: `{trace}` ({expected:,} events, {file_mb:.1f} MB, written by `make_large_xspace.py`); "
         f"database after ingest: {db_mb:.1f} MB.",
         "",
-        "events/s uses the work time (timed inside the process: load + iterate, or the whole ingest) when "
-        "there is one, else the wall time of the process (interpreter start included). Peak RSS is the "
-        "process's own maximum resident set (os.wait4 rusage), each contender in a fresh process.",
+        "events/s uses the work time (timed inside the process: load + iterate, or the whole ingest; for "
+        "the CLI the time it reports) when there is one, else the wall time of the process (interpreter "
+        "start included). Peak RSS is the process's own maximum resident set (os.wait4 rusage), each "
+        f"contender in a fresh process; fastest of {repeat} run(s) per contender. The machine is shared, "
+        "so absolute times vary between runs; ratios come from the same run.",
         "",
         header,
         *rows,
@@ -232,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=LargeSpec.events, help="events when writing the trace")
     parser.add_argument("--regenerate", action="store_true", help="rewrite the trace even when present")
     parser.add_argument("--db", type=Path, default=Path("/tmp/tpuanalyze_bench/bench.duckdb"))
+    parser.add_argument("--repeat", type=int, default=1, help="runs per contender; the fastest is kept")
     parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
     args = parser.parse_args(argv)
 
@@ -245,14 +273,21 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     for name, bench in (("tpuanalyze ingest (CLI)", lambda: bench_cli(args.trace, args.db)),
                         ("ingest_paths() (API)", lambda: bench_api(args.trace, args.db)),
+                        ("parsing only (read_run)", lambda: bench_parse_only(args.trace)),
                         ("xprof ProfileData loop", lambda: bench_xprof(args.trace)),
                         ("protobuf parse + iterate", lambda: bench_protobuf(args.trace))):
-        print(f"running {name} ...", flush=True)
-        result = bench()
-        if result is not None:
-            results.append(result)
-            print(f"  {result.events:,} events, wall {result.wall_s:.2f} s, peak {result.peak_rss_mb:.0f} MB",
-                  flush=True)
+        best = None
+        for attempt in range(max(args.repeat, 1)):
+            print(f"running {name} ({attempt + 1}/{args.repeat}) ...", flush=True)
+            result = bench()
+            if result is None:
+                break
+            print(f"  {result.events:,} events, wall {result.wall_s:.2f} s, "
+                  f"work {result.work_s or float('nan'):.2f} s, peak {result.peak_rss_mb:.0f} MB", flush=True)
+            if best is None or result.rate > best.rate:
+                best = result
+        if best is not None:
+            results.append(best)
     db_mb = db_bytes(args.db) / 1e6
 
     ingest = results[0]
@@ -268,17 +303,19 @@ def main(argv: list[str] | None = None) -> int:
                            ratio >= TARGET_RATIO_VS_XPROF, f"{ratio:.2f}x"))
     else:
         checks.append(("ratio vs xprof", False, "xprof baseline skipped: interpreter missing"))
-    budget = MEMORY_FACTOR * (file_mb + db_mb)
+    budget = MEMORY_FACTOR * file_mb + db_mb
     for r in (ingest, api):
-        checks.append((f"{r.contender} peak RSS <= {MEMORY_FACTOR:.0f} x (file + database)",
+        checks.append((f"{r.contender} peak RSS <= {MEMORY_FACTOR:.0f} x file + database",
                        r.peak_rss_mb <= budget, f"{r.peak_rss_mb:.0f} MB vs {budget:.0f} MB"))
 
-    report = render(results, args.trace, file_mb, db_mb, expected, checks)
+    report = render(results, args.trace, file_mb, db_mb, expected, checks, max(args.repeat, 1))
     print()
     print(report)
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(report)
+        old = RESULTS.read_text() if RESULTS.exists() else ""
+        notes = old[old.index(NOTES_MARK):] if NOTES_MARK in old else NOTES_MARK + "\n"
+        RESULTS.write_text(report + "\n" + notes)
         print(f"wrote {RESULTS.relative_to(PROJECT_ROOT)}")
     return 0
 
