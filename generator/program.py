@@ -310,7 +310,7 @@ def build_train_program(
             all_gather_ms(costs.grad_bytes * share, topo, algo),
             "async_start",
             AG_BUCKET_BASE + g,
-            f"train_step/optimizer/all-gather_weights/bucket_{g}",
+            f"train_step/all-gather_weights/bucket_{g}",
         )
         for g, (_pos, share) in enumerate(ag_plan)
     ]
@@ -414,7 +414,7 @@ def build_train_program(
                 all_gather_ms(costs.grad_bytes, topo, algo),
                 "sync_global",
                 AG_BUCKET_BASE,
-                "train_step/optimizer/all-gather_weights",
+                "train_step/all-gather_weights",
             )
         )
     out_ms = costs.outfeed_ms + scen.outfeed_share * nominal_compute_ms(costs)
