@@ -552,8 +552,13 @@ def scaling_findings(analysis: ScalingAnalysis) -> list[dict]:
         else:
             severity = "low"
         fit = analysis.fits[category]
-        where = (f"passes compute at ~{int(round(crossover))} chips (estimate)" if crossover is not None
-                 else f"stays below compute up to {MAX_PROJECTED_CHIPS} chips (estimate)")
+        smallest = float(measured["chips"].iloc[0])
+        if crossover is not None and crossover <= smallest:
+            where = f"already above compute at {int(smallest)} chips (measured)"
+        elif crossover is not None:
+            where = f"passes compute at ~{int(round(crossover))} chips (estimate)"
+        else:
+            where = f"stays below compute up to {MAX_PROJECTED_CHIPS} chips (estimate)"
         error = analysis.projection["error_est"].iloc[0]
         metrics = {
             "category": category,

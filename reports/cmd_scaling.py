@@ -111,9 +111,10 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
                            _fmt(row["per_core_throughput_rel_est"], "{:.1%}"))
     console.print(projection)
     if analysis.crossovers:
-        console.print("passes compute at (estimate): " + ", ".join(
-            f"{c} ~{int(round(n))} chips" if n else f"{c} never (up to 4M chips)"
-            for c, n in analysis.crossovers.items()))
+        smallest = int(analysis.measured["chips"].iloc[0])
+        console.print("time above compute's (model, estimate): " + ", ".join(
+            (f"{c} already at {smallest} chips" if n <= smallest else f"{c} from ~{int(round(n))} chips")
+            if n else f"{c} never (up to 4M chips)" for c, n in analysis.crossovers.items()))
     if analysis.growing:
         console.print(f"category growing in share: [bold]{analysis.growing}[/bold]")
     holdout = analysis.holdout

@@ -101,3 +101,20 @@ def test_chips_override(resnet_runs, tmp_path):
     assert [r["chips"] for r in runs] == [256, 2048]
     bad = _cli("scaling", str(resnet_runs[256]), str(resnet_runs[1024]), "--chips", "x=abc")
     assert bad.returncode == 2 and "RUN=N" in bad.stderr
+
+
+def test_sample_demo(sample_traces, tmp_path):
+    demo = sample_traces / "scaling"
+    runs = sorted(demo.glob("gnmt_*"), key=lambda p: int(p.name.split("_")[1]))
+    if len(runs) < 3:
+        pytest.skip("sample_traces/scaling not generated")
+    size = sum(p.stat().st_size for p in demo.rglob("*") if p.is_file())
+    assert size < 1.5e6
+    out = tmp_path / "demo.json"
+    result = _cli("scaling", *map(str, runs), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    series = json.loads(out.read_text())["series"][0]
+    assert [r["chips"] for r in series["runs"]] == [16, 64, 512]
+    limit = [f for f in series["findings"] if f["rule"] == "scaling-limit"]
+    assert limit and limit[0]["evidence"]["metrics"]["category"] == "collectives"
+    assert limit[0]["severity"] == "high"
