@@ -138,10 +138,14 @@ GROUP BY s.run_id, s.host, s.device, s.start_ps, s.end_ps;
 
 -- stage: att_intervals
 -- Everything the sweep needs, one row per (device, category, span). Categories get priorities:
--- eval > weight_update > compute > collectives > input > output (idle = none active). Collective spans
+-- eval > weight_update > compute > collectives > input > output > container (idle = none active).
+-- A control-flow container (while/conditional/call) counts as compute only where none of its body ops
+-- (nor anything else) runs: a childless loop op is compute, a loop's children keep their own category.
+-- Collective spans
 -- carry their kind so exposed/overlapped time can be split per kind in the same sweep.
-SELECT run_id, host, device, category, collective_kind AS kind, start_ps, start_ps + duration_ps AS end_ps
-FROM $att_ops WHERE NOT is_container
+SELECT run_id, host, device, CASE WHEN is_container THEN 'container' ELSE category END AS category,
+       collective_kind AS kind, start_ps, start_ps + duration_ps AS end_ps
+FROM $att_ops
 UNION ALL SELECT run_id, host, device, 'eval', NULL, start_ps, end_ps FROM $att_eval_spans
 UNION ALL SELECT run_id, host, device, 'input', NULL, start_ps, end_ps FROM $att_input_spans WHERE end_ps > start_ps
 UNION ALL SELECT run_id, host, device, 'step', NULL, start_ps, end_ps FROM $att_steps;
@@ -163,6 +167,7 @@ WITH points AS (
            sum(delta) FILTER (WHERE category = 'input') AS d_input,
            sum(delta) FILTER (WHERE category = 'output') AS d_output,
            sum(delta) FILTER (WHERE category = 'step') AS d_step,
+           sum(delta) FILTER (WHERE category = 'container') AS d_cont,
            sum(delta) FILTER (WHERE kind = 'all-reduce') AS d_ar,
            sum(delta) FILTER (WHERE kind = 'all-gather') AS d_ag,
            sum(delta) FILTER (WHERE kind = 'reduce-scatter') AS d_rs,
@@ -180,6 +185,7 @@ WITH points AS (
            sum(coalesce(d_input, 0)) OVER w AS n_input,
            sum(coalesce(d_output, 0)) OVER w AS n_output,
            sum(coalesce(d_step, 0)) OVER w AS n_step,
+           sum(coalesce(d_cont, 0)) OVER w AS n_cont,
            sum(coalesce(d_ar, 0)) OVER w AS n_ar,
            sum(coalesce(d_ag, 0)) OVER w AS n_ag,
            sum(coalesce(d_rs, 0)) OVER w AS n_rs,
@@ -196,6 +202,7 @@ WITH points AS (
                 WHEN n_coll > 0 THEN 'collectives'
                 WHEN n_input > 0 THEN 'input'
                 WHEN n_output > 0 THEN 'output'
+                WHEN n_cont > 0 THEN 'compute'
                 ELSE 'idle' END AS category,
            n_coll > 0 AND (n_wu > 0 OR n_compute > 0) AND n_eval = 0 AS collective_overlapped,
            n_step > 0 AS in_step,
