@@ -187,8 +187,13 @@ def scaling_blocks(analyses: Sequence[Any]) -> list[ChartBlock]:
     builder = getattr(module, "scaling_charts", None) or getattr(module, "charts", None)
     if builder is None:
         return []
+    try:
+        items = list(builder(list(analyses)) or [])
+    except Exception as exc:  # noqa: BLE001 - a failed fit must not cost the user the whole report
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        return [ChartBlock("scaling-error", "Scaling", "", note=f"scaling charts unavailable ({reason})")]
     blocks = []
-    for position, item in enumerate(builder(list(analyses)) or []):
+    for position, item in enumerate(items):
         title, caption, chart = _scaling_item(item, position)
         blocks.append(
             _block(f"scaling-{position}", title, caption, chart, note="not enough runs to chart scaling")

@@ -39,10 +39,10 @@ def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess
 @cache
 def generated_run(
     model: str = "resnet50",
-    chips: int = 16,
+    chips: int = 8,
     hosts: int | None = None,
     scenario: str = "baseline",
-    steps: int = 6,
+    steps: int = 4,
     seed: int = 0,
 ) -> Path:
     """A generated TPU-v3 run folder (real XSpace files), made once per session."""
@@ -154,8 +154,10 @@ def test_bad_input_is_one_line_exit_2_and_the_database_unchanged(tmp_path: Path)
 def test_thresholds_file_changes_the_findings(tmp_path: Path) -> None:
     run = generated_run(scenario="input-bound")
     db, _ = ingested(run)
-    default = json.loads(cli("report", str(db), "--json", "-").stdout)["runs"][0]
-    assert "input-bound" in {f["rule"] for f in default["findings"]}
+    from tpuanalyze.analyzer.api import analyze_db
+
+    (default,) = analyze_db(db)
+    assert "input-bound" in {f["rule"] for f in default.summary["findings"]}
     strict = tmp_path / "strict.toml"
     strict.write_text("[input_bound]\nmedium = 0.99\nhigh = 0.995\n")
     proc = cli("report", str(db), "--thresholds", str(strict), "--json", "-")
