@@ -15,6 +15,7 @@ import json
 import math
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,16 @@ import numpy as np
 import pyarrow as pa
 from tpuanalyze.parsers.discover import host_name
 from tpuanalyze.parsers.staging import (
-    EVENT_SCHEMA,
+    CHUNK_EVENTS,
     LINE_SCHEMA,
-    META_SCHEMA,
-    PLANE_SCHEMA,
-    TYPED_COLUMNS,
-    HostTables,
-    StatColumns,
+    TYPED_STATS,
+    PlaneData,
+    PlaneInfo,
+    StatLong,
     classify_plane,
+    event_batch,
+    metadata_table,
+    typed_value,
 )
 
 from tpuanalyze.errors import TraceFormatError
@@ -107,6 +110,11 @@ class _Stats:
 
     def add(self, row: int, key: str, value: Any) -> None:
         i = u = f = s = j = None
+        typed = TYPED_STATS.get(key)
+        if typed and typed[1] != "str" and isinstance(value, str):
+            # JAX/TF write every arg as a string: numbers for typed columns are parsed back.
+            parsed = typed_value(typed[1], value if typed[1] == "double" else _int_text(value))
+            value = value if parsed is None else parsed
         if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
             j = json.dumps(value)
         elif isinstance(value, int):
@@ -131,16 +139,25 @@ class _Stats:
         self.s.append(s)
         self.j.append(j)
 
-    def flush(self, out: StatColumns) -> None:
-        out.add(
-            np.asarray(self.rows, dtype=np.int64),
-            pa.array(self.keys, pa.string()),
-            pa.array(self.i64, pa.int64()),
-            pa.array(self.u64, pa.uint64()),
-            pa.array(self.f64, pa.float64()),
-            pa.array(self.s, pa.string()),
-            pa.array(self.j, pa.string()),
+    def long(self, rows: np.ndarray, owners: np.ndarray) -> StatLong:
+        """The stat rows ``rows`` as a long table whose owners are ``owners`` (batch-local)."""
+        take = pa.array(rows)
+        return StatLong(
+            owner=owners,
+            keys=pa.array(self.keys, pa.string()).take(take),
+            i64=pa.array(self.i64, pa.int64()).take(take),
+            u64=pa.array(self.u64, pa.uint64()).take(take),
+            f64=pa.array(self.f64, pa.float64()).take(take),
+            s=pa.array(self.s, pa.string()).take(take),
+            j=pa.array(self.j, pa.string()).take(take),
         )
+
+
+def _int_text(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def _us(value: Any) -> float | None:
@@ -152,201 +169,233 @@ def _us(value: Any) -> float | None:
         return None
 
 
-def read_chrome_json(path: str | Path, host: str | None = None) -> HostTables:
-    """Read one Chrome-trace JSON file into staging tables (times relative to its first event)."""
-    path = Path(path)
-    events, top = load_trace_events(path)
-    host = host or host_name(path)
+class ChromeJsonReader:
+    """One Chrome-trace JSON file, read fully on construction (JSON has no random access), streamed
+    to the loader plane by plane in the common batch shape."""
 
-    process_names: dict[Any, str] = {}
-    thread_names: dict[tuple[Any, Any], str] = {}
-    plane_of: dict[Any, int] = {}
-    line_of: dict[tuple[Any, Any], tuple[int, int]] = {}
-    lines_per_plane: list[int] = []
-    md_of: list[dict[str, int]] = []
+    source_format = "chrome_json"
 
-    def plane_index(pid: Any) -> int:
-        idx = plane_of.get(pid)
-        if idx is None:
-            idx = plane_of[pid] = len(plane_of)
-            lines_per_plane.append(0)
-            md_of.append({})
-        return idx
+    def __init__(self, path: str | Path, host: str | None = None) -> None:
+        self.path = Path(path)
+        self.host = host or host_name(self.path)
+        self.file_path = str(self.path.resolve())
+        events, top = load_trace_events(self.path)
+        self.file_bytes = self.path.stat().st_size
+        self.hostnames: list[str] = []
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+        self._read(events, top)
 
-    def line_key(pid: Any, tid: Any) -> tuple[int, int]:
-        key = (pid, tid)
-        found = line_of.get(key)
-        if found is None:
-            p = plane_index(pid)
-            found = line_of[key] = (p, lines_per_plane[p])
-            lines_per_plane[p] += 1
-        return found
+    def release(self) -> None:
+        self._stats = None
 
-    ev_plane: list[int] = []
-    ev_line: list[int] = []
-    ev_md: list[int] = []
-    ev_ts: list[float] = []
-    ev_dur: list[float] = []
-    stats = _Stats()
-    skipped: Counter[str] = Counter()
-    open_slices: dict[tuple[Any, Any], list[tuple[int, float]]] = {}
+    def _read(self, events: list[Any], top: dict[str, Any]) -> None:
+        process_names: dict[Any, str] = {}
+        thread_names: dict[tuple[Any, Any], str] = {}
+        plane_of: dict[Any, int] = {}
+        line_of: dict[tuple[Any, Any], tuple[int, int]] = {}
+        lines_per_plane: list[int] = []
+        md_of: list[dict[str, int]] = []
 
-    def add_event(e: dict[str, Any], ts: float, dur: float) -> int:
-        p, ln = line_key(e.get("pid"), e.get("tid"))
-        names = md_of[p]
-        name = str(e.get("name", ""))
-        md = names.get(name)
-        if md is None:
-            md = names[name] = len(names)
-        row = len(ev_ts)
-        ev_plane.append(p)
-        ev_line.append(ln)
-        ev_md.append(md)
-        ev_ts.append(ts)
-        ev_dur.append(dur)
-        cat = e.get("cat")
-        if cat is not None:
-            stats.add(row, "cat", cat)
-        args = e.get("args")
-        if isinstance(args, dict):
-            for key, value in args.items():
-                stats.add(row, key, value)
-        return row
+        def plane_index(pid: Any) -> int:
+            idx = plane_of.get(pid)
+            if idx is None:
+                idx = plane_of[pid] = len(plane_of)
+                lines_per_plane.append(0)
+                md_of.append({})
+            return idx
 
-    for e in events:
-        if not isinstance(e, dict):
-            skipped["non-object"] += 1
-            continue
-        ph = e.get("ph")
-        if ph == "X":
-            ts = _us(e.get("ts"))
-            if ts is None:
-                skipped["X without ts"] += 1
-                continue
-            add_event(e, ts, _us(e.get("dur")) or 0.0)
-        elif ph == "B":
-            ts = _us(e.get("ts"))
-            if ts is None:
-                skipped["B without ts"] += 1
-                continue
-            row = add_event(e, ts, 0.0)
-            open_slices.setdefault((e.get("pid"), e.get("tid")), []).append((row, ts))
-        elif ph == "E":
-            stack = open_slices.get((e.get("pid"), e.get("tid")))
-            ts = _us(e.get("ts"))
-            if not stack or ts is None:
-                skipped["E without B"] += 1
-                continue
-            row, start = stack.pop()
-            ev_dur[row] = max(ts - start, 0.0)
+        def line_key(pid: Any, tid: Any) -> tuple[int, int]:
+            key = (pid, tid)
+            found = line_of.get(key)
+            if found is None:
+                p = plane_index(pid)
+                found = line_of[key] = (p, lines_per_plane[p])
+                lines_per_plane[p] += 1
+            return found
+
+        ev_plane: list[int] = []
+        ev_line: list[int] = []
+        ev_md: list[int] = []
+        ev_ts: list[float] = []
+        ev_dur: list[float] = []
+        stats = _Stats()
+        skipped: Counter[str] = Counter()
+        open_slices: dict[tuple[Any, Any], list[tuple[int, float]]] = {}
+
+        def add_event(e: dict[str, Any], ts: float, dur: float) -> int:
+            p, ln = line_key(e.get("pid"), e.get("tid"))
+            names = md_of[p]
+            name = str(e.get("name", ""))
+            md = names.get(name)
+            if md is None:
+                md = names[name] = len(names)
+            row = len(ev_ts)
+            ev_plane.append(p)
+            ev_line.append(ln)
+            ev_md.append(md)
+            ev_ts.append(ts)
+            ev_dur.append(dur)
+            cat = e.get("cat")
+            if cat is not None:
+                stats.add(row, "cat", cat)
             args = e.get("args")
             if isinstance(args, dict):
                 for key, value in args.items():
                     stats.add(row, key, value)
-        elif ph in ("i", "I", "C"):
-            ts = _us(e.get("ts"))
-            if ts is None:
-                skipped[f"{ph} without ts"] += 1
+            return row
+
+        for e in events:
+            if not isinstance(e, dict):
+                skipped["non-object"] += 1
                 continue
-            add_event(e, ts, 0.0)
-        elif ph == "M":
-            args = e.get("args") if isinstance(e.get("args"), dict) else {}
-            if e.get("name") == "process_name":
-                process_names[e.get("pid")] = str(args.get("name", ""))
-                plane_index(e.get("pid"))
-            elif e.get("name") == "thread_name":
-                thread_names[(e.get("pid"), e.get("tid"))] = str(args.get("name", ""))
-                line_key(e.get("pid"), e.get("tid"))
-        else:
-            skipped[f"ph={ph}"] += 1
-    unterminated = sum(len(s) for s in open_slices.values())
-    for stack in open_slices.values():
-        for row, _ in stack:
-            stats.add(row, "unterminated", True)
+            ph = e.get("ph")
+            if ph == "X":
+                ts = _us(e.get("ts"))
+                if ts is None:
+                    skipped["X without ts"] += 1
+                    continue
+                add_event(e, ts, _us(e.get("dur")) or 0.0)
+            elif ph == "B":
+                ts = _us(e.get("ts"))
+                if ts is None:
+                    skipped["B without ts"] += 1
+                    continue
+                row = add_event(e, ts, 0.0)
+                open_slices.setdefault((e.get("pid"), e.get("tid")), []).append((row, ts))
+            elif ph == "E":
+                stack = open_slices.get((e.get("pid"), e.get("tid")))
+                ts = _us(e.get("ts"))
+                if not stack or ts is None:
+                    skipped["E without B"] += 1
+                    continue
+                row, start = stack.pop()
+                ev_dur[row] = max(ts - start, 0.0)
+                args = e.get("args")
+                if isinstance(args, dict):
+                    for key, value in args.items():
+                        stats.add(row, key, value)
+            elif ph in ("i", "I", "C"):
+                ts = _us(e.get("ts"))
+                if ts is None:
+                    skipped[f"{ph} without ts"] += 1
+                    continue
+                add_event(e, ts, 0.0)
+            elif ph == "M":
+                args = e.get("args") if isinstance(e.get("args"), dict) else {}
+                if e.get("name") == "process_name":
+                    process_names[e.get("pid")] = str(args.get("name", ""))
+                    plane_index(e.get("pid"))
+                elif e.get("name") == "thread_name":
+                    thread_names[(e.get("pid"), e.get("tid"))] = str(args.get("name", ""))
+                    line_key(e.get("pid"), e.get("tid"))
+            else:
+                skipped[f"ph={ph}"] += 1
+        unterminated = sum(len(s) for s in open_slices.values())
+        for stack in open_slices.values():
+            for row, _ in stack:
+                stats.add(row, "unterminated", True)
 
-    n = len(ev_ts)
-    ts_arr = np.asarray(ev_ts, dtype=np.float64)
-    t0_us = float(ts_arr.min()) if n else 0.0
-    t0_ns = math.floor(t0_us * 1000.0)
-    frac_ps = round((t0_us * 1000.0 - t0_ns) * 1000.0)
-    starts = np.rint((ts_arr - t0_us) * 1e6).astype(np.int64) + frac_ps
-    durations = np.rint(np.asarray(ev_dur, dtype=np.float64) * 1e6).astype(np.int64)
-    plane_arr = np.asarray(ev_plane, dtype=np.int32)
-    line_arr = np.asarray(ev_line, dtype=np.int32)
+        n = len(ev_ts)
+        ts_arr = np.asarray(ev_ts, dtype=np.float64)
+        t0_us = float(ts_arr.min()) if n else 0.0
+        # Integral microseconds (Kineto) give an exact t0; fractional ones are as exact as a double.
+        t0_ns = int(t0_us) * 1000 if t0_us.is_integer() else math.floor(t0_us * 1000.0)
+        frac_ps = round((t0_us * 1000.0 - t0_ns) * 1000.0)
+        self.t0_ns: int | None = t0_ns if n else None
+        self.num_events = n
+        self._start = np.rint((ts_arr - t0_us) * 1e6).astype(np.int64) + frac_ps
+        self._duration = np.rint(np.asarray(ev_dur, dtype=np.float64) * 1e6).astype(np.int64)
+        self._plane = np.asarray(ev_plane, dtype=np.int32)
+        self._line = np.asarray(ev_line, dtype=np.int32)
+        self._md = np.asarray(ev_md, dtype=np.int64)
+        self._stats = stats
+        self._stat_rows = np.asarray(stats.rows, dtype=np.int64)
+        self._plane_of = plane_of
+        self._line_of = line_of
+        self._lines_per_plane = lines_per_plane
+        self._md_of = md_of
+        self._process_names = process_names
+        self._thread_names = thread_names
+        self.metadata: dict[str, Any] = {
+            k: v for k, v in top.items() if isinstance(v, (str, int, float, bool))
+        }
+        if skipped:
+            self.metadata["skipped_events"] = dict(skipped)
+        if unterminated:
+            self.metadata["unterminated_slices"] = unterminated
 
-    events_table = pa.Table.from_arrays(
-        [
-            pa.array(np.arange(n, dtype=np.int64)),
-            pa.array(plane_arr, pa.int32()),
-            pa.array(line_arr, pa.int32()),
-            pa.array(np.asarray(ev_md, dtype=np.int64), pa.int64()),
-            pa.array(starts),
-            pa.array(durations),
-            pa.nulls(n, pa.int64()),
-        ],
-        schema=EVENT_SCHEMA,
-    )
-    stats_out = StatColumns()
-    stats.flush(stats_out)
+    def planes(self) -> Iterator[PlaneData]:
+        line_events = Counter(zip(self._plane.tolist(), self._line.tolist(), strict=True))
+        lines_by_plane: dict[int, list[tuple[Any, int]]] = {}
+        for (_pid, tid), (p, ln) in self._line_of.items():
+            lines_by_plane.setdefault(p, []).append((tid, ln))
+        stat_plane = self._plane[self._stat_rows] if len(self._stat_rows) else np.zeros(0, np.int32)
+        for pid, p in sorted(self._plane_of.items(), key=lambda kv: kv[1]):
+            name = self._process_names.get(pid) or f"pid {pid}"
+            kind, ordinal = classify_plane(name)
+            lines: dict[str, list[Any]] = {f.name: [] for f in LINE_SCHEMA}
+            line_names: list[str] = []
+            for tid, ln in sorted(lines_by_plane.get(p, []), key=lambda t: t[1]):
+                line_name = self._thread_names.get((pid, tid)) or f"tid {tid}"
+                line_names.append(line_name)
+                lines["line_index"].append(ln)
+                lines["line_id"].append(
+                    tid if isinstance(tid, int) and INT64_MIN <= tid <= INT64_MAX else None
+                )
+                lines["display_id"].append(None)
+                lines["name"].append(line_name)
+                lines["display_name"].append(None)
+                lines["timestamp_ns"].append(None)
+                lines["duration_ps"].append(None)
+                lines["num_events"].append(line_events.get((p, ln), 0))
+            rows = np.flatnonzero(self._plane == p)
+            names = self._md_of[p]
+            metadata = metadata_table([(md, nm, None, {}) for nm, md in names.items()])
+            info = PlaneInfo(
+                plane_index=p,
+                plane_id=pid if isinstance(pid, int) and INT64_MIN <= pid <= INT64_MAX else None,
+                name=name,
+                kind=kind,
+                device_ordinal=ordinal,
+                device_type=None,
+                peak_tflops=None,
+                peak_hbm_bw_gbps=None,
+                num_lines=len(line_names),
+                num_events=len(rows),
+                stats=json.dumps({"pid": pid}, default=str),
+            )
+            yield PlaneData(
+                info=info,
+                lines=pa.Table.from_pydict(lines, schema=LINE_SCHEMA),
+                metadata=metadata,
+                batches=self._batches(p, rows, line_names, metadata, stat_plane),
+            )
 
-    # Per-line and per-plane counts, vectorised.
-    pids = sorted(plane_of, key=plane_of.get)
-    line_events = Counter(zip(ev_plane, ev_line, strict=False))
-    plane_events = Counter(ev_plane)
-    planes: dict[str, list[Any]] = {f.name: [] for f in PLANE_SCHEMA}
-    for pid in pids:
-        p = plane_of[pid]
-        name = process_names.get(pid) or f"pid {pid}"
-        kind, ordinal = classify_plane(name)
-        planes["plane_index"].append(p)
-        planes["plane_id"].append(pid if isinstance(pid, int) else None)
-        planes["name"].append(name)
-        planes["kind"].append(kind)
-        planes["device_ordinal"].append(ordinal)
-        planes["device_type"].append(None)
-        planes["peak_tflops"].append(None)
-        planes["peak_hbm_bw_gbps"].append(None)
-        planes["num_lines"].append(lines_per_plane[p])
-        planes["num_events"].append(plane_events.get(p, 0))
-        planes["stats"].append(json.dumps({"pid": pid}))
-    lines: dict[str, list[Any]] = {f.name: [] for f in LINE_SCHEMA}
-    for (pid, tid), (p, ln) in sorted(line_of.items(), key=lambda kv: kv[1]):
-        lines["plane_index"].append(p)
-        lines["line_index"].append(ln)
-        lines["line_id"].append(tid if isinstance(tid, int) and INT64_MIN <= tid <= INT64_MAX else None)
-        lines["display_id"].append(None)
-        lines["name"].append(thread_names.get((pid, tid)) or f"tid {tid}")
-        lines["display_name"].append(None)
-        lines["timestamp_ns"].append(None)
-        lines["duration_ps"].append(None)
-        lines["num_events"].append(line_events.get((p, ln), 0))
+    def _batches(
+        self, p: int, rows: np.ndarray, line_names: list[str], metadata: pa.Table, stat_plane: np.ndarray
+    ) -> Iterator[pa.Table]:
+        local = np.full(self.num_events, -1, dtype=np.int64)
+        for lo in range(0, len(rows), CHUNK_EVENTS):
+            chunk = rows[lo : lo + CHUNK_EVENTS]
+            local[chunk] = np.arange(len(chunk))
+            stat_sel = np.flatnonzero(stat_plane == p)
+            stat_sel = stat_sel[local[self._stat_rows[stat_sel]] >= 0]
+            stat_sel = stat_sel[np.isin(self._stat_rows[stat_sel], chunk)]
+            stats = self._stats.long(stat_sel, local[self._stat_rows[stat_sel]]) if len(stat_sel) else None
+            yield event_batch(
+                line_index=self._line[chunk],
+                line_names=line_names,
+                metadata_ids=self._md[chunk],
+                metadata=metadata,
+                start_ps=self._start[chunk],
+                duration_ps=self._duration[chunk],
+                num_occurrences=pa.nulls(len(chunk), pa.int64()),
+                stats=stats,
+            )
+            local[chunk] = -1
 
-    meta: dict[str, list[Any]] = {f.name: [] for f in META_SCHEMA}
-    for p, names in enumerate(md_of):
-        for name, md in names.items():
-            meta["plane_index"].append(p)
-            meta["md_id"].append(md)
-            meta["name"].append(name)
-            meta["display_name"].append(None)
-            meta["stats"].append(None)
-    for column, _ in TYPED_COLUMNS:
-        meta[column] = [None] * len(meta["md_id"])
 
-    metadata: dict[str, Any] = {k: v for k, v in top.items() if isinstance(v, (str, int, float, bool))}
-    if skipped:
-        metadata["skipped_events"] = dict(skipped)
-    if unterminated:
-        metadata["unterminated_slices"] = unterminated
-    return HostTables(
-        host=host,
-        file_path=str(path.resolve()),
-        file_bytes=path.stat().st_size,
-        source_format="chrome_json",
-        t0_ns=t0_ns if n else None,
-        planes=pa.Table.from_pydict(planes, schema=PLANE_SCHEMA),
-        lines=pa.Table.from_pydict(lines, schema=LINE_SCHEMA),
-        events=events_table,
-        stats=stats_out.table(),
-        meta=pa.Table.from_pydict(meta, schema=META_SCHEMA),
-        metadata=metadata,
-    )
+def read_chrome_json(path: str | Path, host: str | None = None) -> ChromeJsonReader:
+    """Read one Chrome-trace JSON file (see ``ChromeJsonReader``)."""
+    return ChromeJsonReader(path, host)

@@ -1,24 +1,27 @@
-"""The columnar shape every trace reader produces for one host file, before it reaches DuckDB.
+"""The columnar shape every trace reader hands to the loader: one Arrow batch per plane (chunk).
 
-Readers (XSpace, Chrome-trace JSON) emit the same five Arrow tables per host, so one loader turns any
-of them into the public relations (``store/schema.sql``). Event stats travel as a *long* table (one
-row per stat) rather than per-event dicts or JSON strings: building that is a handful of list
-comprehensions in Python, and DuckDB pivots it into typed columns and the ``stats`` JSON in C++.
+Readers (XSpace, Chrome-trace JSON) stream ``PlaneData`` per plane, so memory stays bounded by a
+chunk of events rather than the whole file. Everything per event is built with vectorised numpy /
+Arrow operations: names come from the plane's event metadata through dictionary arrays (one string
+per distinct name, not per event), typed stat columns are metadata values overridden by event
+values, and the event's own remaining stats become a JSON object assembled by Arrow string kernels.
 """
 
 from __future__ import annotations
 
-import base64
+import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-# Stats that become typed columns of ``events`` (public contract, docs/schema.md). Each maps the stat
-# name in the trace to (column, value kind). Anything else stays in the ``stats`` JSON column.
+# Stats that become typed columns of ``events`` / ``event_metadata`` (contract, docs/schema.md):
+# stat name in the trace -> (column, value kind). Everything else stays in the ``stats`` JSON.
 TYPED_STATS: dict[str, tuple[str, str]] = {
     "hlo_category": ("hlo_category", "str"),
     "hlo_module": ("hlo_module", "str"),
@@ -34,7 +37,6 @@ TYPED_STATS: dict[str, tuple[str, str]] = {
     "correlation_id": ("correlation_id", "int"),
 }
 
-# Column order of the typed stat columns (shared by the metadata table and the events relation).
 TYPED_COLUMNS: list[tuple[str, pa.DataType]] = [
     ("hlo_category", pa.string()),
     ("hlo_module", pa.string()),
@@ -48,26 +50,11 @@ TYPED_COLUMNS: list[tuple[str, pa.DataType]] = [
     ("group_id", pa.int64()),
     ("correlation_id", pa.int64()),
 ]
-
-PLANE_SCHEMA = pa.schema(
-    [
-        ("plane_index", pa.int32()),
-        ("plane_id", pa.int64()),
-        ("name", pa.string()),
-        ("kind", pa.string()),
-        ("device_ordinal", pa.int32()),
-        ("device_type", pa.string()),
-        ("peak_tflops", pa.float64()),
-        ("peak_hbm_bw_gbps", pa.float64()),
-        ("num_lines", pa.int32()),
-        ("num_events", pa.int64()),
-        ("stats", pa.string()),
-    ]
-)
+_TYPED_TYPES = dict(TYPED_COLUMNS)
+_NUMPY_OF = {"uint": np.uint64, "double": np.float64, "int": np.int64}
 
 LINE_SCHEMA = pa.schema(
     [
-        ("plane_index", pa.int32()),
         ("line_index", pa.int32()),
         ("line_id", pa.int64()),
         ("display_id", pa.int64()),
@@ -79,63 +66,88 @@ LINE_SCHEMA = pa.schema(
     ]
 )
 
-EVENT_SCHEMA = pa.schema(
-    [
-        ("ev_row", pa.int64()),
-        ("plane_index", pa.int32()),
-        ("line_index", pa.int32()),
-        ("md_id", pa.int64()),
-        ("start_ps", pa.int64()),
-        ("duration_ps", pa.int64()),
-        ("num_occurrences", pa.int64()),
-    ]
-)
-
-STAT_SCHEMA = pa.schema(
-    [
-        ("ev_row", pa.int64()),
-        ("key", pa.string()),
-        ("i64", pa.int64()),
-        ("u64", pa.uint64()),
-        ("f64", pa.float64()),
-        ("s", pa.string()),  # str values, ref targets (stat-metadata names), base64 of bytes
-        ("j", pa.string()),  # a value that is already JSON text (lists, objects, booleans from JSON)
-    ]
-)
-
 META_SCHEMA = pa.schema(
-    [("plane_index", pa.int32()), ("md_id", pa.int64()), ("name", pa.string()), ("display_name", pa.string())]
+    [("metadata_id", pa.int64()), ("name", pa.string()), ("display_name", pa.string())]
     + TYPED_COLUMNS
     + [("stats", pa.string())]
 )
 
+# Event batch columns, in the order the loader selects them.
+EVENT_COLUMNS = [
+    "line_index",
+    "line",
+    "metadata_id",
+    "name",
+    "display_name",
+    "start_ps",
+    "duration_ps",
+    "num_occurrences",
+    *[c for c, _ in TYPED_COLUMNS],
+    "stats",
+]
+
+CHUNK_EVENTS = 262_144  # events per Arrow batch: bounds memory, amortises per-batch overhead
+
 
 @dataclass
-class HostTables:
-    """One host file, read: Arrow tables keyed by (plane_index, line_index, ev_row) local to the file.
+class PlaneInfo:
+    """One plane's row of ``planes`` (without run_id/host)."""
 
-    ``events.start_ps`` is relative to ``t0_ns`` (this host's earliest line/event time); the loader
-    shifts it to the run's common time zero.
-    """
+    plane_index: int
+    plane_id: int | None
+    name: str
+    kind: str
+    device_ordinal: int | None
+    device_type: str | None
+    peak_tflops: float | None
+    peak_hbm_bw_gbps: float | None
+    num_lines: int
+    num_events: int
+    stats: str | None
+
+
+@dataclass
+class PlaneData:
+    """A plane: its row, its lines, its event metadata and a stream of event batches."""
+
+    info: PlaneInfo
+    lines: pa.Table
+    metadata: pa.Table
+    batches: Iterator[pa.Table]
+
+
+class HostReader(Protocol):
+    """What the loader needs from any reader of one host file."""
 
     host: str
     file_path: str
     file_bytes: int
     source_format: str
     t0_ns: int | None
-    planes: pa.Table
-    lines: pa.Table
-    events: pa.Table
-    stats: pa.Table
-    meta: pa.Table
-    hostnames: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    num_events: int
+    hostnames: list[str]
+    errors: list[str]
+    warnings: list[str]
+    metadata: dict[str, Any]
 
-    @property
-    def num_events(self) -> int:
-        return self.events.num_rows
+    def planes(self) -> Iterator[PlaneData]: ...
+
+
+@dataclass
+class StatLong:
+    """Event stats as a long table (one row per stat) for one batch of events.
+
+    ``owner`` is the event's index within the batch; exactly one of the value columns is set per
+    row (``s``: string, ref target name or base64 of bytes; ``j``: value already JSON text).
+    """
+
+    owner: np.ndarray
+    keys: pa.Array
+    i64: pa.Array
+    u64: pa.Array
+    f64: pa.Array
+    s: pa.Array
+    j: pa.Array | None = None
 
 
 _DEVICE_RE = re.compile(r"^/device:([A-Za-z_]+):(\d+)$")
@@ -161,6 +173,8 @@ def classify_plane(name: str) -> tuple[str, int | None]:
 def json_safe(value: Any) -> Any:
     """A stat value as a JSON-encodable Python value (bytes -> base64 text, non-finite floats -> text)."""
     if isinstance(value, bytes):
+        import base64
+
         return base64.b64encode(value).decode("ascii")
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
@@ -185,37 +199,206 @@ def typed_value(kind: str, value: Any) -> Any:
     return None
 
 
-def empty_stats_table() -> pa.Table:
-    return STAT_SCHEMA.empty_table()
+def metadata_table(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> pa.Table:
+    """Event-metadata rows (id, name, display name, {stat: value}) -> META_SCHEMA table.
+
+    Typed stats go to their columns (first occurrence wins), the rest to ``stats`` JSON.
+    """
+    columns: dict[str, list[Any]] = {f.name: [] for f in META_SCHEMA}
+    for md_id, name, display_name, stats in rows:
+        typed: dict[str, Any] = {}
+        other: dict[str, Any] = {}
+        for key, value in stats.items():
+            target = TYPED_STATS.get(key)
+            coerced = typed_value(target[1], value) if target else None
+            if target and coerced is not None and target[0] not in typed:
+                typed[target[0]] = coerced
+            else:
+                other[key] = json_safe(value)
+        columns["metadata_id"].append(md_id)
+        columns["name"].append(name)
+        columns["display_name"].append(display_name or None)
+        columns["stats"].append(json.dumps(other) if other else None)
+        for column, _ in TYPED_COLUMNS:
+            columns[column].append(typed.get(column))
+    return pa.Table.from_pydict(columns, schema=META_SCHEMA)
 
 
-class StatColumns:
-    """Accumulates the long stats table: appends already-split per-kind value columns cheaply."""
+def _dict_array(indices: np.ndarray, dictionary: pa.Array) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(pa.array(indices.astype(np.int32, copy=False)), dictionary)
 
-    def __init__(self) -> None:
-        self._chunks: list[pa.Table] = []
 
-    def add(
-        self,
-        ev_rows: np.ndarray,
-        keys: pa.Array,
-        i64: pa.Array,
-        u64: pa.Array,
-        f64: pa.Array,
-        s: pa.Array,
-        j: pa.Array | None = None,
-    ) -> None:
-        if len(ev_rows) == 0:
-            return
-        if j is None:
-            j = pa.nulls(len(ev_rows), pa.string())
-        self._chunks.append(
-            pa.Table.from_arrays(
-                [pa.array(ev_rows, pa.int64()), keys, i64, u64, f64, s, j], schema=STAT_SCHEMA
+def _json_string_values(values: pa.Array) -> pa.Array:
+    """JSON string literals for an Arrow string array (vectorised escaping; rare odd rows in Python)."""
+    escaped = values
+    for old, new in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
+        escaped = pc.replace_substring(escaped, old, new)
+    odd = pc.match_substring_regex(values, r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+    quoted = pc.binary_join_element_wise('"', escaped, '"', "")
+    if pc.any(odd).as_py():
+        fixed = [
+            json.dumps(v) if o else q
+            for v, o, q in zip(values.to_pylist(), odd.to_pylist(), quoted.to_pylist(), strict=True)
+        ]
+        quoted = pa.array(fixed, pa.string())
+    return quoted
+
+
+def _stats_json(
+    stats: StatLong, key_codes: np.ndarray, key_names: list[str], keep: np.ndarray, n: int
+) -> pa.Array:
+    """Per-event JSON object text of the kept stat rows (null for events without any)."""
+    rows = np.flatnonzero(keep)
+    if not len(rows):
+        return pa.nulls(n, pa.string())
+    key_json = _dict_array(key_codes[rows], pa.array([json.dumps(k) + ":" for k in key_names], pa.string()))
+    parts = [
+        pc.cast(stats.i64.take(pa.array(rows)), pa.string()),
+        pc.cast(stats.u64.take(pa.array(rows)), pa.string()),
+        pc.cast(stats.f64.take(pa.array(rows)), pa.string()),
+    ]
+    s = stats.s.take(pa.array(rows))
+    if s.null_count < len(s):
+        parts.append(_json_string_values(s))
+    if stats.j is not None:
+        parts.append(stats.j.take(pa.array(rows)))
+    value_json = pc.coalesce(*parts)
+    value_json = pc.fill_null(value_json, "null")
+    fragments = pc.binary_join_element_wise(key_json.cast(pa.string()), value_json, "")
+    owners = stats.owner[rows]
+    order = np.argsort(owners, kind="stable")
+    counts = np.bincount(owners, minlength=n)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    grouped = pa.ListArray.from_arrays(pa.array(offsets), fragments.take(pa.array(order)))
+    joined = pc.binary_join(grouped, ",")
+    wrapped = pc.binary_join_element_wise("{", joined, "}", "")
+    return pc.if_else(pa.array(counts > 0), wrapped, pa.nulls(n, pa.string()))
+
+
+def _typed_from_stats(stats: StatLong, key_codes: np.ndarray, names: list[str], n: int) -> dict[str, Any]:
+    """Event-level typed values per column.
+
+    String columns: (event rows, Arrow strings); numeric columns: (present mask, numpy values).
+    When two stat names feed one column (step_num, iter_num) the first listed wins.
+    """
+    found: dict[str, Any] = {}
+    for stat, (column, kind) in TYPED_STATS.items():
+        if stat not in names:
+            continue
+        rows = pa.array(np.flatnonzero(key_codes == names.index(stat)))
+        if not len(rows):
+            continue
+        owners = stats.owner[rows.to_numpy()]
+        pa_type = _TYPED_TYPES[column]
+        if kind == "str":
+            values = pc.coalesce(
+                stats.s.take(rows),
+                pc.cast(stats.i64.take(rows), pa.string()),
+                pc.cast(stats.u64.take(rows), pa.string()),
             )
-        )
+        else:
+            values = pc.coalesce(
+                pc.cast(stats.f64.take(rows), pa_type, safe=False),
+                pc.cast(stats.i64.take(rows), pa_type, safe=False),
+                pc.cast(stats.u64.take(rows), pa_type, safe=False),
+            )
+        ok = np.asarray(pc.is_valid(values).to_numpy(zero_copy_only=False), dtype=bool)
+        owners, values = owners[ok], values.filter(pa.array(ok))
+        if kind == "str":
+            if column not in found:
+                found[column] = (owners, values)
+            continue
+        present, full = found.get(column, (np.zeros(n, dtype=bool), np.zeros(n, dtype=_NUMPY_OF[kind])))
+        fresh = ~present[owners]
+        full[owners[fresh]] = values.to_numpy(zero_copy_only=False)[fresh]
+        present[owners[fresh]] = True
+        found[column] = (present, full)
+    return found
 
-    def table(self) -> pa.Table:
-        if not self._chunks:
-            return empty_stats_table()
-        return pa.concat_tables(self._chunks).combine_chunks()
+
+def event_batch(
+    line_index: np.ndarray,
+    line_names: list[str],
+    metadata_ids: np.ndarray,
+    metadata: pa.Table,
+    start_ps: np.ndarray,
+    duration_ps: np.ndarray,
+    num_occurrences: pa.Array,
+    stats: StatLong | None,
+) -> pa.Table:
+    """Assemble one batch of events (column order ``EVENT_COLUMNS``), vectorised throughout."""
+    n = len(metadata_ids)
+    md_keys = metadata.column("metadata_id").to_numpy()
+    m = len(md_keys)
+    if m:
+        order = np.argsort(md_keys, kind="stable")
+        pos = np.clip(np.searchsorted(md_keys[order], metadata_ids), 0, m - 1)
+        found = md_keys[order][pos] == metadata_ids
+        md_idx = np.where(found, order[pos], m)
+    else:
+        md_idx = np.zeros(n, dtype=np.int64)
+    names = pa.concat_arrays([metadata.column("name").combine_chunks(), pa.array([""], pa.string())])
+    display = pc.coalesce(
+        pc.if_else(pc.equal(metadata.column("display_name"), ""), None, metadata.column("display_name")),
+        metadata.column("name"),
+    )
+    displays = pa.concat_arrays([display.combine_chunks(), pa.array([""], pa.string())])
+
+    event_typed: dict[str, Any] = {}
+    stats_json = pa.nulls(n, pa.string())
+    if stats is not None and len(stats.owner):
+        key_values = stats.keys
+        if not pa.types.is_dictionary(key_values.type):
+            key_values = key_values.dictionary_encode()
+        key_names = [str(k) for k in key_values.dictionary.to_pylist()]
+        key_codes = key_values.indices.to_numpy(zero_copy_only=False)
+        event_typed = _typed_from_stats(stats, key_codes, key_names, n)
+        typed_codes = [i for i, k in enumerate(key_names) if k in TYPED_STATS]
+        keep = ~np.isin(key_codes, typed_codes)
+        stats_json = _stats_json(stats, key_codes, key_names, keep, n)
+
+    columns: dict[str, Any] = {
+        "line_index": pa.array(line_index.astype(np.int32, copy=False)),
+        "line": _dict_array(line_index, pa.array(line_names, pa.string())),
+        "metadata_id": pa.array(metadata_ids.astype(np.int64, copy=False)),
+        "name": _dict_array(md_idx, names),
+        "display_name": _dict_array(md_idx, displays),
+        "start_ps": pa.array(start_ps.astype(np.int64, copy=False)),
+        "duration_ps": pa.array(duration_ps.astype(np.int64, copy=False)),
+        "num_occurrences": num_occurrences,
+    }
+    for column, pa_type in TYPED_COLUMNS:
+        md_values = pa.concat_arrays([metadata.column(column).combine_chunks(), pa.nulls(1, pa_type)])
+        override = event_typed.get(column)
+        if pa.types.is_string(pa_type):
+            if override is None and md_values.null_count == len(md_values):
+                columns[column] = pa.nulls(n, pa.string())
+                continue
+            idx = md_idx
+            dictionary = md_values
+            if override is not None:
+                owners, values = override
+                dictionary = pa.concat_arrays([md_values, values])
+                idx = md_idx.copy()
+                idx[owners] = m + 1 + np.arange(len(owners))
+            columns[column] = _dict_array(idx, dictionary)
+        else:
+            base = md_values.take(pa.array(md_idx))
+            if override is not None:
+                present, values = override
+                base = pc.if_else(pa.array(present), pa.array(values, pa_type), base)
+            columns[column] = base
+    columns["stats"] = stats_json
+    return pa.table({name: columns[name] for name in EVENT_COLUMNS})
+
+
+@dataclass
+class HostSummary:
+    """Counts a reader reports after streaming (for runs/hosts rows)."""
+
+    planes: int = 0
+    events: int = 0
+    devices: int = 0
+    device_type: str | None = None
+    kinds: set[str] = field(default_factory=set)

@@ -1,50 +1,41 @@
-"""XSpace (``*.xplane.pb``) reader: one host file -> the staging Arrow tables of ``parsers.staging``.
+"""XSpace (``*.xplane.pb``) reader: one host file -> plane-by-plane Arrow batches.
 
-Speed matters (2M+ events per host): the protobuf is parsed by upb in C, and every per-event field is
-pulled out with one list comprehension per field over the repeated container, never per-event
-Python logic. Event stats are flattened per plane into a long table; DuckDB pivots them.
+Speed (2M+ events per host): upb parses the file into a *skeleton* whose ``XLine.events`` are
+left as raw bytes, so no Python object is ever made per event; ``parsers.wire`` then decodes the
+events (and their stats) of up to ``CHUNK_EVENTS`` events at a time with numpy. Planes, lines and
+event/stat metadata (thousands, not millions) are read through the normal message API.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from google.protobuf import unknown_fields
+import pyarrow.compute as pc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, unknown_fields
 from google.protobuf.message import DecodeError
+from tpuanalyze.parsers import wire
 from tpuanalyze.parsers.staging import (
-    EVENT_SCHEMA,
+    CHUNK_EVENTS,
     LINE_SCHEMA,
-    META_SCHEMA,
-    PLANE_SCHEMA,
-    TYPED_COLUMNS,
-    TYPED_STATS,
-    HostTables,
-    StatColumns,
+    PlaneData,
+    PlaneInfo,
+    StatLong,
     classify_plane,
+    event_batch,
     json_safe,
-    typed_value,
+    metadata_table,
 )
 
 from tpuanalyze.errors import TraceFormatError
 from tpuanalyze.proto import xplane_pb2
 
 XSPACE_SUFFIX = ".xplane.pb"
-
-# XStat oneof field -> small integer code used to split a plane's stats into typed columns.
-_KIND_CODE = {
-    "int64_value": 0,
-    "uint64_value": 1,
-    "double_value": 2,
-    "str_value": 3,
-    "bytes_value": 4,
-    "ref_value": 5,
-    None: 6,
-}
 _MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
 
 
@@ -54,35 +45,61 @@ def host_name_for(path: Path) -> str:
     return name[: -len(XSPACE_SUFFIX)] if name.endswith(XSPACE_SUFFIX) else path.stem
 
 
-def parse_xspace(path: str | Path) -> xplane_pb2.XSpace:
+def _skeleton_class() -> type:
+    """XSpace message class whose ``XLine.events`` are raw bytes (decoded by ``parsers.wire``)."""
+    fdp = descriptor_pb2.FileDescriptorProto()
+    xplane_pb2.DESCRIPTOR.CopyToProto(fdp)
+    old, new = f".{fdp.package}.", ".tpuanalyze.xplane_skeleton."
+    fdp.name, fdp.package = "tpuanalyze_xplane_skeleton.proto", "tpuanalyze.xplane_skeleton"
+    for message in fdp.message_type:
+        for nested in [message, *message.nested_type]:
+            for fld in nested.field:
+                if fld.type_name:
+                    fld.type_name = fld.type_name.replace(old, new)
+                if message.name == "XLine" and fld.name == "events":
+                    fld.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+                    fld.ClearField("type_name")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tpuanalyze.xplane_skeleton.XSpace"))
+
+
+_XSpaceSkeleton = _skeleton_class()
+
+
+def parse_xspace(path: str | Path, skeleton: bool = False) -> Any:
     """Parse and sanity-check one XSpace file; any problem is a one-line ``TraceFormatError``.
 
+    ``skeleton=True`` leaves each line's events as raw bytes (for the vectorised decoder).
     Protobuf parsing of garbage can "succeed", so beyond DecodeError this refuses files whose top
-    level or planes carry unknown fields, or that hold no named plane.
+    level, planes or lines carry unknown fields, or that hold no named plane.
     """
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise TraceFormatError("no such file", str(path)) from None
+    except IsADirectoryError:
+        raise TraceFormatError("is a directory, not an XSpace file", str(path)) from None
     except OSError as exc:
         raise TraceFormatError(f"cannot read: {exc.strerror or exc}", str(path)) from None
     if not data:
         raise TraceFormatError("empty file", str(path))
     if data[:2] == b"\x1f\x8b":
         raise TraceFormatError("gzip-compressed data, not a raw XSpace protobuf", str(path))
-    space = xplane_pb2.XSpace()
+    space = _XSpaceSkeleton() if skeleton else xplane_pb2.XSpace()
     try:
         space.ParseFromString(data)
     except DecodeError as exc:
         raise TraceFormatError(f"corrupt or truncated XSpace protobuf ({exc})", str(path)) from None
     except Exception as exc:  # upb may raise other errors on pathological input
         raise TraceFormatError(f"cannot parse as XSpace protobuf ({exc})", str(path)) from None
+    del data
     _validate(space, str(path))
     return space
 
 
-def _validate(space: xplane_pb2.XSpace, path: str) -> None:
+def _validate(space: Any, path: str) -> None:
     if len(unknown_fields.UnknownFieldSet(space)):
         raise TraceFormatError("not an XSpace protobuf (unknown top-level fields)", path)
     if not space.planes:
@@ -99,7 +116,7 @@ def _validate(space: xplane_pb2.XSpace, path: str) -> None:
                 )
 
 
-def scalar_stat(stat: xplane_pb2.XStat, stat_names: dict[int, str]) -> Any:
+def scalar_stat(stat: Any, stat_names: dict[int, str]) -> Any:
     """One stat's Python value; a ref resolves to the referenced stat-metadata name."""
     kind = stat.WhichOneof("value")
     if kind is None:
@@ -114,156 +131,245 @@ def _stat_dict(stats: Any, stat_names: dict[int, str]) -> dict[str, Any]:
     return {stat_names.get(s.metadata_id, f"stat#{s.metadata_id}"): scalar_stat(s, stat_names) for s in stats}
 
 
-def _split_stats(
-    flat: list[Any], ev_rows: np.ndarray, stat_names: dict[int, str], out: StatColumns
-) -> None:
-    """Flattened XStats of one plane -> typed long-table columns (one vectorised pass per kind)."""
-    m = len(flat)
-    mids = [s.metadata_id for s in flat]
-    kinds = [s.WhichOneof("value") for s in flat]
-    values = np.empty(m, dtype=object)
-    values[:] = [getattr(s, k) if k else None for s, k in zip(flat, kinds, strict=False)]
-    codes = np.fromiter((_KIND_CODE[k] for k in kinds), dtype=np.int8, count=m)
-    keys = pa.array([stat_names.get(i) or f"stat#{i}" for i in mids], pa.string())
-
-    def numeric(code: int, dtype: type, pa_type: pa.DataType) -> pa.Array:
-        mask = codes == code
-        full = np.zeros(m, dtype=dtype)
-        if mask.any():
-            full[mask] = values[mask].astype(dtype)
-        return pa.array(full, type=pa_type, mask=~mask)
-
-    i64 = numeric(0, np.int64, pa.int64())
-    u64 = numeric(1, np.uint64, pa.uint64())
-    f64_mask = codes == 2
-    text = np.full(m, None, dtype=object)
-    if f64_mask.any():
-        doubles = values[f64_mask].astype(np.float64)
-        bad = ~np.isfinite(doubles)
-        if bad.any():  # NaN/inf are not JSON numbers: keep them as text
-            idx = np.flatnonzero(f64_mask)[bad]
-            text[idx] = [repr(float(v)) for v in values[idx]]
-            f64_mask[idx] = False
-    f64_full = np.zeros(m, dtype=np.float64)
-    f64_full[f64_mask] = values[f64_mask].astype(np.float64)
-    f64 = pa.array(f64_full, type=pa.float64(), mask=~f64_mask)
-    str_mask = codes == 3
-    text[str_mask] = values[str_mask]
-    for idx in np.flatnonzero(codes == 4):
-        text[idx] = json_safe(values[idx])
-    ref_idx = np.flatnonzero(codes == 5)
-    if len(ref_idx):
-        text[ref_idx] = [stat_names.get(v, f"ref#{v}") for v in values[ref_idx]]
-    out.add(ev_rows, keys, i64, u64, f64, pa.array(text, type=pa.string()))
+# XStat value fields: number -> wire type (double fixed64, uint64/int64/ref varint, str/bytes length).
+_STAT_DOUBLE, _STAT_UINT, _STAT_INT, _STAT_STR, _STAT_BYTES, _STAT_REF = 2, 3, 4, 5, 6, 7
+_STAT_WIRE = {2: 1, 3: 0, 4: 0, 5: 2, 6: 2, 7: 0}
 
 
-def _host_t0_ns(space: xplane_pb2.XSpace) -> int | None:
-    stamps = [line.timestamp_ns for plane in space.planes for line in plane.lines if len(line.events)]
-    return min(stamps) if stamps else None
+def _dictionary(ids: np.ndarray, names: dict[int, str], prefix: str) -> pa.DictionaryArray:
+    """Int ids -> dictionary array of names (one Python lookup per distinct id)."""
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    labels = [names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq]
+    return pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)), pa.array(labels, pa.string()))
 
 
-def read_xspace(path: str | Path, host: str | None = None) -> HostTables:
-    """Read one ``.xplane.pb`` into staging tables (times relative to this host's first line)."""
-    path = Path(path)
-    space = parse_xspace(path)
-    host = host or host_name_for(path)
-    t0_ns = _host_t0_ns(space)
-    base_ns = t0_ns or 0
+def _decode_stats(
+    buf: np.ndarray, owners: np.ndarray, starts: np.ndarray, lengths: np.ndarray, stat_names: dict[int, str]
+) -> StatLong:
+    """A chunk's event XStats (raw byte ranges) -> long stats table, vectorised."""
+    m = len(starts)
+    fields = wire.decode_fields(buf, starts, starts + lengths)
+    mids = wire.scalar(fields, m, 1)[0].view(np.int64)
+    kind = np.zeros(m, dtype=np.int8)
+    found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for number, wire_type in _STAT_WIRE.items():
+        msg, value, length = fields.select(number, wire_type)
+        kind[msg] = number
+        found[number] = (msg, value, length)
 
-    plane_rows: dict[str, list[Any]] = {f.name: [] for f in PLANE_SCHEMA}
-    line_rows: dict[str, list[Any]] = {f.name: [] for f in LINE_SCHEMA}
-    event_chunks: list[pa.Table] = []
-    meta_chunks: list[pa.Table] = []
-    stats_out = StatColumns()
-    metadata: dict[str, Any] = {}
-    ev_row = 0
+    def numeric(number: int, view: str) -> tuple[np.ndarray, np.ndarray]:
+        msg, value, _ = found[number]
+        full = np.zeros(m, dtype=np.uint64)
+        full[msg] = value
+        return full.view(view), kind == number
 
-    for plane_index, plane in enumerate(space.planes):
+    i64, i64_ok = numeric(_STAT_INT, "<i8")
+    u64, u64_ok = numeric(_STAT_UINT, "<u8")
+    f64, f64_ok = numeric(_STAT_DOUBLE, "<f8")
+    nonfinite = f64_ok & ~np.isfinite(f64)
+    f64_ok &= ~nonfinite
+    msg, value, length = found[_STAT_STR]
+    str_start = np.zeros(m, dtype=np.int64)
+    str_len = np.zeros(m, dtype=np.int64)
+    str_start[msg] = value.astype(np.int64)
+    str_len[msg] = length
+    texts = [wire.string_array(buf, str_start, str_len, kind == _STAT_STR)]
+    ref_ok = kind == _STAT_REF
+    if ref_ok.any():
+        ref_ids = np.zeros(m, dtype=np.uint64)
+        msg, value, _ = found[_STAT_REF]
+        ref_ids[msg] = value
+        refs = _dictionary(ref_ids.view(np.int64), stat_names, "ref").cast(pa.string())
+        texts.append(pc.if_else(pa.array(ref_ok), refs, pa.nulls(m, pa.string())))
+    rare = np.flatnonzero((kind == _STAT_BYTES) | nonfinite)
+    if len(rare):  # bytes (base64 text) and NaN/inf (text): few, done one by one
+        extra: list[str | None] = [None] * m
+        b_msg, b_start, b_len = found[_STAT_BYTES]
+        last_bytes = {int(i): (int(s), int(n)) for i, s, n in zip(b_msg, b_start, b_len, strict=True)}
+        for i in rare.tolist():
+            if kind[i] == _STAT_BYTES:
+                start, size = last_bytes[i]
+                extra[i] = json_safe(buf[start : start + size].tobytes())
+            else:
+                extra[i] = repr(float(f64[i]))
+        texts.append(pa.array(extra, pa.string()))
+    text = texts[0] if len(texts) == 1 else pc.coalesce(*texts)
+    return StatLong(
+        owner=owners,
+        keys=_dictionary(mids, stat_names, "stat"),
+        i64=pa.array(i64, pa.int64(), mask=~i64_ok),
+        u64=pa.array(u64, pa.uint64(), mask=~u64_ok),
+        f64=pa.array(f64, pa.float64(), mask=~f64_ok),
+        s=text,
+    )
+
+
+class XSpaceReader:
+    """One host's ``.xplane.pb``: parsed (skeleton) and validated on construction, streamed by plane.
+
+    ``t0_ns`` is the earliest ``timestamp_ns`` of a line with events; event ``start_ps`` values in
+    the batches are relative to it (the loader shifts them to the run's common t0).
+    """
+
+    source_format = "xspace"
+
+    def __init__(self, path: str | Path, host: str | None = None) -> None:
+        self.path = Path(path)
+        self.host = host or host_name_for(self.path)
+        self.file_path = str(self.path.resolve())
+        self.file_bytes = self.path.stat().st_size
+        self.space = parse_xspace(self.path, skeleton=True)
+        stamps = [ln.timestamp_ns for p in self.space.planes for ln in p.lines if len(ln.events)]
+        self.t0_ns: int | None = min(stamps) if stamps else None
+        self.num_events = sum(len(ln.events) for p in self.space.planes for ln in p.lines)
+        self.hostnames = list(self.space.hostnames)
+        self.errors = list(self.space.errors)
+        self.warnings = list(self.space.warnings)
+        self.metadata: dict[str, Any] = {}
+
+    def release(self) -> None:
+        """Drop the parsed file (memory) once streamed."""
+        self.space = None
+
+    def planes(self) -> Iterator[PlaneData]:
+        for plane_index, plane in enumerate(self.space.planes):
+            yield self._plane(plane_index, plane)
+
+    def _plane(self, plane_index: int, plane: Any) -> PlaneData:
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
         kind, ordinal = classify_plane(plane.name)
         plane_stats = {k: json_safe(v) for k, v in _stat_dict(plane.stats, stat_names).items()}
         if plane.name == "Task Environment":
-            metadata.update({k: v for k, v in plane_stats.items() if k.startswith("profile_")})
+            self.metadata.update({k: v for k, v in plane_stats.items() if k.startswith("profile_")})
+        lines: dict[str, list[Any]] = {f.name: [] for f in LINE_SCHEMA}
+        for line_index, line in enumerate(plane.lines):
+            lines["line_index"].append(line_index)
+            lines["line_id"].append(line.id)
+            lines["display_id"].append(line.display_id)
+            lines["name"].append(line.name)
+            lines["display_name"].append(line.display_name or None)
+            lines["timestamp_ns"].append(line.timestamp_ns)
+            lines["duration_ps"].append(line.duration_ps)
+            lines["num_events"].append(len(line.events))
+        metadata = self._metadata(plane, stat_names)
+        info = PlaneInfo(
+            plane_index=plane_index,
+            plane_id=plane.id,
+            name=plane.name,
+            kind=kind,
+            device_ordinal=ordinal,
+            device_type=_as_str(plane_stats.get("device_type_string")),
+            peak_tflops=_as_float(plane_stats.get("peak_teraflops_per_second")),
+            peak_hbm_bw_gbps=_as_float(plane_stats.get("peak_hbm_bw_gigabytes_per_second")),
+            num_lines=len(plane.lines),
+            num_events=sum(lines["num_events"]),
+            stats=json.dumps(plane_stats) if plane_stats else None,
+        )
+        return PlaneData(
+            info=info,
+            lines=pa.Table.from_pydict(lines, schema=LINE_SCHEMA),
+            metadata=metadata,
+            batches=self._batches(plane, stat_names, metadata),
+        )
 
-        plane_events = 0
-        flat_stats: list[Any] = []
-        stat_owner: list[np.ndarray] = []
-        module_md_ids: set[int] = set()
+    def _metadata(self, plane: Any, stat_names: dict[int, str]) -> pa.Table:
+        """Event metadata of a plane; ``hlo_module`` filled for XLA modules and their ops.
+
+        An 'XLA Modules' event's name is the module; an op whose ``program_id`` matches a module's
+        ``name(program_id)`` suffix inherits that module name.
+        """
+        module_ids: set[int] = set()
+        for line in plane.lines:
+            if line.name == "XLA Modules" and len(line.events):
+                module_ids.update(np.unique(self._decode_chunk(list(line.events))[0]).tolist())
+        rows = []
+        modules_by_program: dict[int, str] = {}
+        for md_id, md in plane.event_metadata.items():
+            stats = _stat_dict(md.stats, stat_names)
+            if md_id in module_ids:
+                stats.setdefault("hlo_module", md.name)
+                match = _MODULE_PROGRAM_ID.search(md.name)
+                if match:
+                    modules_by_program[int(match.group(1))] = md.name
+            rows.append((md_id, md.name, md.display_name, stats))
+        for _, _, _, stats in rows:
+            if "hlo_module" not in stats and isinstance(stats.get("program_id"), int):
+                module = modules_by_program.get(stats["program_id"] & 0xFFFFFFFFFFFFFFFF)
+                if module:
+                    stats["hlo_module"] = module
+        return metadata_table(rows)
+
+    def _decode_chunk(self, raw: list[bytes]) -> tuple[np.ndarray, ...]:
+        """Raw XEvent bytes -> metadata_id, offset_ps, duration_ps, num_occurrences (+ mask), buf, fields."""
+        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
+        buf = np.frombuffer(b"".join(raw), dtype=np.uint8)
+        ends = np.cumsum(lengths)
+        try:
+            fields = wire.decode_fields(buf, ends - lengths, ends)
+        except wire.WireError as exc:
+            raise TraceFormatError(f"corrupt XSpace events: {exc}", self.file_path) from None
+        n = len(raw)
+        occurrences, has_occurrences = wire.scalar(fields, n, 5)
+        return (
+            wire.scalar(fields, n, 1)[0].view(np.int64),
+            wire.scalar(fields, n, 2)[0].view(np.int64),
+            wire.scalar(fields, n, 3)[0].view(np.int64),
+            occurrences.view(np.int64),
+            has_occurrences,
+            buf,
+            fields,
+        )
+
+    def _batches(self, plane: Any, stat_names: dict[int, str], metadata: pa.Table) -> Iterator[pa.Table]:
+        line_names = [line.name for line in plane.lines]
+        base_ns = self.t0_ns or 0
+        pending: list[bytes] = []
+        pending_lines: list[np.ndarray] = []
+        pending_base: list[np.ndarray] = []
+        count = 0
         for line_index, line in enumerate(plane.lines):
             events = line.events
-            n = len(events)
-            line_rows["plane_index"].append(plane_index)
-            line_rows["line_index"].append(line_index)
-            line_rows["line_id"].append(line.id)
-            line_rows["display_id"].append(line.display_id)
-            line_rows["name"].append(line.name)
-            line_rows["display_name"].append(line.display_name or None)
-            line_rows["timestamp_ns"].append(line.timestamp_ns)
-            line_rows["duration_ps"].append(line.duration_ps)
-            line_rows["num_events"].append(n)
-            if not n:
-                continue
-            md_ids = np.fromiter((e.metadata_id for e in events), dtype=np.int64, count=n)
-            offsets = np.fromiter((e.offset_ps for e in events), dtype=np.int64, count=n)
-            durations = np.fromiter((e.duration_ps for e in events), dtype=np.int64, count=n)
-            occurrences = np.fromiter((e.num_occurrences for e in events), dtype=np.int64, count=n)
-            starts = offsets + (line.timestamp_ns - base_ns) * 1000
-            rows = np.arange(ev_row, ev_row + n, dtype=np.int64)
-            event_chunks.append(
-                pa.Table.from_arrays(
-                    [
-                        pa.array(rows),
-                        pa.array(np.full(n, plane_index, dtype=np.int32)),
-                        pa.array(np.full(n, line_index, dtype=np.int32)),
-                        pa.array(md_ids),
-                        pa.array(starts),
-                        pa.array(durations),
-                        pa.array(occurrences, mask=occurrences == 0),
-                    ],
-                    schema=EVENT_SCHEMA,
-                )
-            )
-            stat_lists = [e.stats for e in events]
-            counts = np.fromiter((len(s) for s in stat_lists), dtype=np.int64, count=n)
-            if counts.any():
-                flat_stats.extend([s for ss in stat_lists for s in ss])
-                stat_owner.append(np.repeat(rows, counts))
-            if line.name == "XLA Modules":
-                module_md_ids.update(np.unique(md_ids).tolist())
-            ev_row += n
-            plane_events += n
-        if flat_stats:
-            _split_stats(flat_stats, np.concatenate(stat_owner), stat_names, stats_out)
-        meta_chunks.append(_metadata_table(plane, plane_index, stat_names, module_md_ids))
+            total = len(events)
+            for lo in range(0, total, CHUNK_EVENTS):
+                raw = events[lo : lo + CHUNK_EVENTS]
+                pending.extend(raw)
+                pending_lines.append(np.full(len(raw), line_index, dtype=np.int32))
+                pending_base.append(np.full(len(raw), (line.timestamp_ns - base_ns) * 1000, dtype=np.int64))
+                count += len(raw)
+                if count >= CHUNK_EVENTS:
+                    yield self._batch(pending, pending_lines, pending_base, line_names, stat_names, metadata)
+                    pending, pending_lines, pending_base, count = [], [], [], 0
+        if count:
+            yield self._batch(pending, pending_lines, pending_base, line_names, stat_names, metadata)
 
-        plane_rows["plane_index"].append(plane_index)
-        plane_rows["plane_id"].append(plane.id)
-        plane_rows["name"].append(plane.name)
-        plane_rows["kind"].append(kind)
-        plane_rows["device_ordinal"].append(ordinal)
-        plane_rows["device_type"].append(_as_str(plane_stats.get("device_type_string")))
-        plane_rows["peak_tflops"].append(_as_float(plane_stats.get("peak_teraflops_per_second")))
-        plane_rows["peak_hbm_bw_gbps"].append(_as_float(plane_stats.get("peak_hbm_bw_gigabytes_per_second")))
-        plane_rows["num_lines"].append(len(plane.lines))
-        plane_rows["num_events"].append(plane_events)
-        plane_rows["stats"].append(json.dumps(plane_stats) if plane_stats else None)
-
-    return HostTables(
-        host=host,
-        file_path=str(path.resolve()),
-        file_bytes=path.stat().st_size,
-        source_format="xspace",
-        t0_ns=t0_ns,
-        planes=pa.Table.from_pydict(plane_rows, schema=PLANE_SCHEMA),
-        lines=pa.Table.from_pydict(line_rows, schema=LINE_SCHEMA),
-        events=pa.concat_tables(event_chunks) if event_chunks else EVENT_SCHEMA.empty_table(),
-        stats=stats_out.table(),
-        meta=pa.concat_tables(meta_chunks) if meta_chunks else META_SCHEMA.empty_table(),
-        hostnames=list(space.hostnames),
-        errors=list(space.errors),
-        warnings=list(space.warnings),
-        metadata=metadata,
-    )
+    def _batch(
+        self,
+        raw: list[bytes],
+        lines: list[np.ndarray],
+        bases: list[np.ndarray],
+        line_names: list[str],
+        stat_names: dict[int, str],
+        metadata: pa.Table,
+    ) -> pa.Table:
+        md_ids, offsets, durations, occurrences, has_occ, buf, fields = self._decode_chunk(raw)
+        del raw
+        stats = None
+        owner, start, length = fields.select(4, 2)
+        if len(owner):
+            try:
+                stats = _decode_stats(buf, owner, start.astype(np.int64), length, stat_names)
+            except wire.WireError as exc:
+                raise TraceFormatError(f"corrupt XSpace event stats: {exc}", self.file_path) from None
+        return event_batch(
+            line_index=np.concatenate(lines),
+            line_names=line_names,
+            metadata_ids=md_ids,
+            metadata=metadata,
+            start_ps=offsets + np.concatenate(bases),
+            duration_ps=durations,
+            num_occurrences=pa.array(occurrences, pa.int64(), mask=~has_occ),
+            stats=stats,
+        )
 
 
 def _as_str(value: Any) -> str | None:
@@ -276,57 +382,9 @@ def _as_float(value: Any) -> float | None:
     return None
 
 
-def _metadata_table(
-    plane: xplane_pb2.XPlane, plane_index: int, stat_names: dict[int, str], module_md_ids: set[int]
-) -> pa.Table:
-    """Per event-metadata row: name, display name, typed stat columns, other stats as JSON.
-
-    ``hlo_module``: an 'XLA Modules' event's name is the module; an op whose ``program_id`` matches
-    a module's ``name(program_id)`` suffix inherits that module name.
-    """
-    columns: dict[str, list[Any]] = {f.name: [] for f in META_SCHEMA}
-    typed_rows: list[dict[str, Any]] = []
-    for md_id, md in plane.event_metadata.items():
-        typed: dict[str, Any] = {}
-        other: dict[str, Any] = {}
-        for stat in md.stats:
-            name = stat_names.get(stat.metadata_id, f"stat#{stat.metadata_id}")
-            value = scalar_stat(stat, stat_names)
-            target = TYPED_STATS.get(name)
-            coerced = typed_value(target[1], value) if target else None
-            if target and coerced is not None and target[0] not in typed:
-                typed[target[0]] = coerced
-            else:
-                other[name] = json_safe(value)
-        if md_id in module_md_ids and "hlo_module" not in typed:
-            typed["hlo_module"] = md.name
-        columns["plane_index"].append(plane_index)
-        columns["md_id"].append(md_id)
-        columns["name"].append(md.name)
-        columns["display_name"].append(md.display_name or None)
-        columns["stats"].append(json.dumps(other) if other else None)
-        typed_rows.append(typed)
-
-    modules_by_program: dict[int, str] = {}
-    for md_id in module_md_ids:
-        md = plane.event_metadata.get(md_id)
-        match = _MODULE_PROGRAM_ID.search(md.name) if md is not None else None
-        if match:
-            modules_by_program[int(match.group(1))] = md.name
-    for typed in typed_rows:
-        if "hlo_module" not in typed and typed.get("program_id") in modules_by_program:
-            typed["hlo_module"] = modules_by_program[typed["program_id"]]
-    for column, _ in TYPED_COLUMNS:
-        columns[column] = [typed.get(column) for typed in typed_rows]
-    return pa.Table.from_pydict(columns, schema=META_SCHEMA)
-
-
-def plane_summary(space: xplane_pb2.XSpace) -> list[dict[str, Any]]:
-    """Planes/lines/event counts in file order (used by tests and ``--dry-run`` style checks)."""
+def plane_summary(space: Any) -> list[dict[str, Any]]:
+    """Planes/lines/event counts in file order (used by tests and quick checks)."""
     return [
         {"name": p.name, "lines": [{"name": ln.name, "events": len(ln.events)} for ln in p.lines]}
         for p in space.planes
     ]
-
-
-__all__ = ["parse_xspace", "read_xspace", "host_name_for", "scalar_stat", "plane_summary"]

@@ -1,31 +1,30 @@
 """``ingest_paths``: traces -> DuckDB, all or nothing per call.
 
-Every file of every run is parsed (and validated) before the database is even opened, so a bad
-file leaves the database exactly as it was; then one transaction replaces runs that came from the
-same source path and inserts the new ones, and any database error rolls it all back.
+Two passes. First every file of every run is parsed and validated (a bad file stops the call
+before the database is even opened, so it stays exactly as it was) and each host's time zero is
+found; then one transaction replaces runs that came from the same source paths and streams the new
+ones in, plane by plane, in Arrow batches; any error there rolls the whole call back.
+Parsed files are kept between the passes while they fit ``KEEP_BYTES``, else re-read.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-from tpuanalyze.parsers.chrome_json import read_chrome_json
+from tpuanalyze.parsers.chrome_json import ChromeJsonReader
 from tpuanalyze.parsers.discover import RunSource, discover
-from tpuanalyze.parsers.staging import HostTables
-from tpuanalyze.parsers.xspace import read_xspace
+from tpuanalyze.parsers.staging import HostReader
+from tpuanalyze.parsers.xspace import XSpaceReader
 from tpuanalyze.store.database import connect, delete_run, new_run_id
-from tpuanalyze.store.load import RunTables, insert_run
+from tpuanalyze.store.load import RunPlan, insert_run
 
-from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
+from tpuanalyze.errors import TpuAnalyzeError
 
-READERS: dict[str, Callable[[Path, str], HostTables]] = {
-    "xspace": lambda path, host: read_xspace(path, host),
-    "chrome_json": lambda path, host: read_chrome_json(path, host),
-}
+READERS = {"xspace": XSpaceReader, "chrome_json": ChromeJsonReader}
+KEEP_BYTES = 256 << 20  # parsed input kept in memory between the two passes
 
 
 @dataclass
@@ -42,47 +41,56 @@ class IngestSummary:
     notes: list[str] = field(default_factory=list)
 
 
-def read_run(source: RunSource, on_file: Callable[[Path], None] | None = None) -> RunTables:
-    """Parse every host file of a run; the run's t0 is the earliest host t0 (common to all hosts)."""
-    reader = READERS[source.source_format]
-    hosts: list[HostTables] = []
-    for host, path in source.files:
-        hosts.append(reader(path, host))
-        if on_file:
-            on_file(path)
-    t0s = [h.t0_ns for h in hosts if h.t0_ns is not None]
-    return RunTables(
-        name=source.name,
-        source_path=source.source_path,
-        source_format=source.source_format,
-        hosts=hosts,
-        t0_ns=min(t0s) if t0s else None,
-        notes=list(source.notes),
-    )
+class _HostSlot:
+    """A validated host file: its reader while kept in memory, re-opened on demand otherwise."""
+
+    def __init__(self, fmt: str, path: Path, host: str, keep: bool) -> None:
+        self.fmt, self.path, self.host = fmt, path, host
+        reader = READERS[fmt](path, host)
+        self.t0_ns = reader.t0_ns
+        self.num_events = reader.num_events
+        self.file_bytes = reader.file_bytes
+        self._reader: HostReader | None = reader if keep else None
+
+    def reader(self) -> HostReader:
+        reader = self._reader or READERS[self.fmt](self.path, self.host)
+        self._reader = None
+        return reader
+
+
+class _LazyHosts(list):
+    """Host readers of a run, opened one at a time as the loader reaches them (bounded memory)."""
+
+    def __init__(self, slots: list[_HostSlot]) -> None:
+        super().__init__()
+        self.slots = slots
+        self._opened: list[HostReader] = []
+
+    def __iter__(self):  # type: ignore[override]
+        for i, slot in enumerate(self.slots):
+            if i >= len(self._opened):
+                self._opened.append(slot.reader())
+            yield self._opened[i]
+
+    def __len__(self) -> int:
+        return len(self.slots)
 
 
 class _Progress:
-    """A rich progress bar over files (only when asked, i.e. on a terminal)."""
+    """A rich progress bar (only when asked, i.e. on a terminal); no-op otherwise."""
 
-    def __init__(self, enabled: bool, total_bytes: int) -> None:
+    def __init__(self, enabled: bool) -> None:
         self.bar = None
         if enabled:
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
-                DownloadColumn(),
+                MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 transient=True,
             )
-            self.task = self.bar.add_task("reading traces", total=total_bytes)
 
     def __enter__(self) -> _Progress:
         if self.bar:
@@ -93,20 +101,28 @@ class _Progress:
         if self.bar:
             self.bar.stop()
 
-    def advance(self, path: Path) -> None:
-        if self.bar:
-            self.bar.update(self.task, advance=_size(path), description=f"read {path.name}")
+    def task(self, description: str, total: int) -> int | None:
+        return self.bar.add_task(description, total=total) if self.bar else None
 
-    def stage(self, text: str) -> None:
-        if self.bar:
-            self.bar.update(self.task, description=text)
+    def advance(self, task: int | None, amount: int = 1, description: str | None = None) -> None:
+        if self.bar and task is not None:
+            kwargs = {"description": description} if description else {}
+            self.bar.update(task, advance=amount, **kwargs)
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+def _validate_runs(sources: list[RunSource], bar: _Progress) -> list[list[_HostSlot]]:
+    files = [(s, host, path) for s in sources for host, path in s.files]
+    task = bar.task("reading", len(files))
+    kept = 0
+    slots: list[list[_HostSlot]] = [[] for _ in sources]
+    index = {id(s): i for i, s in enumerate(sources)}
+    for source, host, path in files:
+        size = path.stat().st_size if path.exists() else 0
+        keep = kept + size <= KEEP_BYTES
+        kept += size if keep else 0
+        slots[index[id(source)]].append(_HostSlot(source.source_format, path, host, keep))
+        bar.advance(task, description=f"read {path.name}")
+    return slots
 
 
 def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = False) -> IngestSummary:
@@ -115,48 +131,74 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
     if not paths:
         raise TpuAnalyzeError("no paths given")
     sources = discover(list(paths))
-    total = sum(_size(p) for s in sources for _, p in s.files)
     summary = IngestSummary()
-    with _Progress(progress, total) as bar:
-        runs = [read_run(source, bar.advance) for source in sources]
-        bar.stage("loading into DuckDB")
-        _store(runs, db_path, summary)
-    for run in runs:
-        summary.runs += 1
-        summary.hosts += len(run.hosts)
-        summary.planes += run.num_planes
-        summary.events += run.num_events
-        summary.notes.extend(run.notes)
+    with _Progress(progress) as bar:
+        slots = _validate_runs(sources, bar)
+        plans = [
+            RunPlan(s.name, s.source_path, s.source_format, _LazyHosts(host_slots), list(s.notes))
+            for s, host_slots in zip(sources, slots, strict=True)
+        ]
+        for plan, host_slots in zip(plans, slots, strict=True):
+            t0s = [h.t0_ns for h in host_slots if h.t0_ns is not None]
+            plan.fixed_t0 = min(t0s) if t0s else None  # type: ignore[attr-defined]
+        total = sum(h.num_events for host_slots in slots for h in host_slots)
+        task = bar.task("loading", total)
+        _store(plans, db_path, summary, lambda n: bar.advance(task, n))
+    summary.runs = len(plans)
+    summary.hosts = sum(len(p.hosts) for p in plans)
+    summary.notes = [note for p in plans for note in p.notes]
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def _store(runs: list[RunTables], db_path: str | Path, summary: IngestSummary) -> None:
+def _store(plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch) -> None:
     con = connect(db_path)
     try:
         con.execute("BEGIN TRANSACTION")
         try:
-            for run in runs:
+            for plan in plans:
                 old = con.execute(
-                    "SELECT run_id FROM runs WHERE source_path = ? ORDER BY run_id", [run.source_path]
+                    "SELECT run_id FROM runs WHERE source_path = ? ORDER BY run_id", [plan.source_path]
                 ).fetchall()
                 for (old_id,) in old:
                     delete_run(con, old_id)
                     summary.replaced_run_ids.append(old_id)
                 run_id = new_run_id(con)
-                insert_run(con, run, run_id)
+                counts = insert_run(con, plan, run_id, on_batch)
                 summary.run_ids.append(run_id)
+                summary.planes += counts.planes
+                summary.events += counts.events
             con.execute("COMMIT")
         except BaseException as exc:
             con.execute("ROLLBACK")
             summary.run_ids.clear()
             summary.replaced_run_ids.clear()
             if isinstance(exc, duckdb.Error):
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                text = str(exc).strip()
+                first = text.splitlines()[0] if text else type(exc).__name__
                 raise TpuAnalyzeError(f"loading failed, database unchanged: {first}", str(db_path)) from None
             raise
     finally:
         con.close()
 
 
-__all__ = ["IngestSummary", "ingest_paths", "read_run", "TraceFormatError"]
+@dataclass
+class ParsedRun:
+    """A run decoded without a database (``read_run``): counts only."""
+
+    name: str
+    source_path: str
+    hosts: int
+    planes: int
+    num_events: int
+
+
+def read_run(source: RunSource) -> ParsedRun:
+    """Parse and decode every event batch of a run without touching a database (benchmarks, checks)."""
+    planes = events = 0
+    for host, path in source.files:
+        reader = READERS[source.source_format](path, host)
+        for plane in reader.planes():
+            planes += 1
+            events += sum(batch.num_rows for batch in plane.batches)
+    return ParsedRun(source.name, source.source_path, len(source.files), planes, events)

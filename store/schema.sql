@@ -84,8 +84,41 @@ CREATE TABLE IF NOT EXISTS events (
     step_num        BIGINT,               -- stat step_num / iter_num
     group_id        BIGINT,               -- stat group_id (step grouping)
     correlation_id  BIGINT,               -- stat correlation_id
-    stats           JSON                  -- all other stats of the event and its metadata, name -> value
+    stats           JSON,                 -- the event's own other stats, name -> value (metadata stats:
+                                          -- event_metadata.stats)
+    metadata_id     BIGINT                -- XEvent.metadata_id (key into event_metadata)
 );
+
+-- One row per event metadata (XEventMetadata) of a plane: the op/name table events point at.
+CREATE TABLE IF NOT EXISTS event_metadata (
+    run_id          INTEGER NOT NULL,
+    host            VARCHAR NOT NULL,
+    plane_index     INTEGER NOT NULL,
+    metadata_id     BIGINT NOT NULL,
+    name            VARCHAR NOT NULL,
+    display_name    VARCHAR,
+    hlo_category    VARCHAR,
+    hlo_module      VARCHAR,
+    program_id      UBIGINT,
+    flops           DOUBLE,
+    bytes_accessed  DOUBLE,
+    tf_op           VARCHAR,
+    shape           VARCHAR,
+    source          VARCHAR,
+    step_num        BIGINT,
+    group_id        BIGINT,
+    correlation_id  BIGINT,
+    stats           JSON                  -- the metadata's other stats, name -> value
+);
+
+-- Every stat of an event, merged: metadata stats overridden by the event's own (typed ones excluded).
+CREATE VIEW IF NOT EXISTS event_stats AS
+SELECT e.*, CASE WHEN m.stats IS NULL THEN e.stats
+                 WHEN e.stats IS NULL THEN m.stats
+                 ELSE json_merge_patch(m.stats, e.stats) END AS all_stats
+FROM events e
+LEFT JOIN event_metadata m
+  ON m.run_id = e.run_id AND m.host = e.host AND m.plane_index = e.plane_index AND m.metadata_id = e.metadata_id;
 
 -- MLPerf result logs (tpuanalyze.parsers.mlperf).
 CREATE TABLE IF NOT EXISTS mlperf_results (
