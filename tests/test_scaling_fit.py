@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -12,6 +12,7 @@ import pytest
 from tpuanalyze.analyzer.mlperf_summary import scaling_series, summarize_paths
 from tpuanalyze.analyzer.scaling import analyze_scaling, fit_category, holdout_check
 
+from tpuanalyze.cli import main
 from tpuanalyze.errors import TpuAnalyzeError
 
 
@@ -106,19 +107,28 @@ def test_mlperf_resnet_series(shared_mlperf):
     assert abs(analysis.holdout["relative_error"]) < 0.10
 
 
+def _cli(*args: str) -> tuple[int, str, str]:
+    """The CLI in this process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
 def test_cli_on_mlperf_logs(tmp_path, shared_mlperf):
     out, page = tmp_path / "s.json", tmp_path / "s.html"
-    result = subprocess.run([sys.executable, "-m", "tpuanalyze.cli", "scaling", str(shared_mlperf / "v0.6"),
-                             "--json", str(out), "--html", str(page)], capture_output=True, text=True,
-                            env={"COLUMNS": "200", "PATH": ""})
-    assert result.returncode == 0, result.stderr
-    assert "ESTIMATES" in result.stdout
+    code, stdout, _ = _cli("scaling", str(shared_mlperf / "v0.6"), "--json", str(out), "--html", str(page))
+    assert code == 0
+    assert "ESTIMATES" in stdout
     document = json.loads(out.read_text())
     names = {s["workload"] for s in document["series"]}
     assert {"MLPerf v0.6 resnet", "MLPerf v0.6 ssd", "MLPerf v0.6 transformer"} <= names
     assert all(s["projection"]["label"].startswith("estimate") for s in document["series"])
     html = page.read_text()
     assert "vegaEmbed" in html and "http://" not in html.split("<script>")[0]
-    one = subprocess.run([sys.executable, "-m", "tpuanalyze.cli", "scaling",
-                          str(shared_mlperf / "v0.7" / "tpu-v3-8192-TF")], capture_output=True, text=True)
-    assert one.returncode == 2 and "one chip count" in one.stderr and one.stderr.count("\n") == 1
+    code, _, stderr = _cli("scaling", str(shared_mlperf / "v0.7" / "tpu-v3-8192-TF"))
+    assert code == 2 and "one chip count" in stderr and stderr.count("\n") == 1

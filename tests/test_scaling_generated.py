@@ -4,9 +4,10 @@ by the test, as the independent reference."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,21 @@ from tpuanalyze.analyzer.compare import RunLoader  # noqa: E402
 from tpuanalyze.analyzer.scaling import analyze_scaling, holdout_check  # noqa: E402
 from tpuanalyze.reports.cmd_scaling import trace_series  # noqa: E402
 
+from tpuanalyze.cli import main  # noqa: E402
+
 CHIPS = (256, 1024, 4096)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpuanalyze.cli", *args], capture_output=True, text=True,
-                          env={"COLUMNS": "220", "PATH": ""})
+    """The CLI in this process (the subprocess start-up is paid in test_compare.py and test_mlperf.py)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +53,9 @@ def series(resnet_runs, tmp_path_factory):
         ingest_paths([path], db)
     with RunLoader(db) as loader:
         runs = [run for spec in ("1", "2", "3") for run in loader.load(spec)]
-        return trace_series(runs, {})
+        frame = trace_series(runs, {})
+    frame.attrs["db"] = db
+    return frame
 
 
 def test_chips_and_batch_come_from_the_trace(series, resnet_runs):
@@ -74,9 +86,9 @@ def test_shares_move_as_the_cost_model_says(series):
     assert measured["per_core_throughput_rel"].is_monotonic_decreasing
 
 
-def test_cli_scaling_from_traces(resnet_runs, tmp_path):
+def test_cli_scaling_from_a_database(series, tmp_path):
     out = tmp_path / "s.json"
-    result = _cli("scaling", *(str(resnet_runs[c]) for c in CHIPS), "--json", str(out), "--project", "8192")
+    result = _cli("scaling", "--db", str(series.attrs["db"]), "--json", str(out), "--project", "8192")
     assert result.returncode == 0, result.stderr
     series = json.loads(out.read_text())["series"][0]
     assert [r["chips"] for r in series["runs"]] == list(CHIPS)
@@ -85,8 +97,8 @@ def test_cli_scaling_from_traces(resnet_runs, tmp_path):
 
 
 def test_mixed_workloads_and_single_run_are_rejected(resnet_runs, tmp_path):
-    bert = generator.generate("bert", 256, steps=2, hosts=1, out=tmp_path / "bert")
-    mixed = _cli("scaling", str(resnet_runs[1024]), str(bert))
+    gnmt = generator.generate("gnmt", 16, steps=2, hosts=1, out=tmp_path / "gnmt")
+    mixed = _cli("scaling", str(resnet_runs[256]), str(gnmt))
     assert mixed.returncode == 2 and "mix workloads" in mixed.stderr and mixed.stderr.count("\n") == 1
     single = _cli("scaling", str(resnet_runs[256]))
     assert single.returncode == 2 and "at least 2 runs" in single.stderr
