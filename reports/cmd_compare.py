@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.compare import RunComparison, RunLoader, compare_runs
 
@@ -20,7 +21,7 @@ def _signed(value: float, unit: str = "") -> str:
 
 def render(comparison: RunComparison, console: Console) -> None:
     """The terminal view: step time, breakdown, top ops, findings that changed."""
-    head = Table(title=f"compare  A = {comparison.a}   B = {comparison.b}")
+    head = Table(title=f"compare  A = {escape(comparison.a)}   B = {escape(comparison.b)}")
     for name in ("", "A", "B", "B - A"):
         head.add_column(name, justify="right" if name else "left")
     head.add_row("step time", f"{comparison.step_a_ms:.3f} ms", f"{comparison.step_b_ms:.3f} ms",
@@ -36,7 +37,7 @@ def render(comparison: RunComparison, console: Console) -> None:
                               ("B - A", "right"), ("", "left")):
             ops.add_column(name, justify=justify)
         for row in comparison.ops.itertuples(index=False):
-            ops.add_row(str(row.name)[:60], str(row.category), f"{row.a_ms:.4f}", f"{row.b_ms:.4f}",
+            ops.add_row(escape(str(row.name)[:60]), str(row.category), f"{row.a_ms:.4f}", f"{row.b_ms:.4f}",
                         _signed(row.delta_ms), row.status)
         console.print(ops)
     for title, items in (("findings that appeared in B", comparison.findings_appeared),

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.mlperf_summary import summarize_db, summarize_paths
 
@@ -31,7 +32,8 @@ def summary_table(summary: pd.DataFrame) -> Table:
         table.add_column(name, justify=justify)
     for row in summary.itertuples(index=False):
         runs = f"{row.runs}" + (f" ({row.failed_runs} failed)" if row.failed_runs else "")
-        table.add_row(row.submitter_path, _fmt(row.chips), runs, _fmt(row.time_to_train_s, "{:.2f} s"),
+        table.add_row(escape(str(row.submitter_path)), _fmt(row.chips), runs,
+                      _fmt(row.time_to_train_s, "{:.2f} s"),
                       row.scoring, _fmt(row.epochs, "{:.1f}"), _fmt(row.eval_count, "{:.1f}"),
                       _fmt(row.eval_share, "{:.1%}"), _fmt(row.global_batch_size),
                       _fmt(row.per_core_batch, "{:g}"), _fmt(row.opt_name),

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.compare import LoadedRun, RunLoader, step_categories_ms
 from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling
@@ -86,7 +87,7 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
             ["efficiency", "speedup"]:
         measured.add_column(name, justify="left" if name == "run" else "right")
     for row in analysis.measured.to_dict(orient="records"):
-        measured.add_row(str(row["run"])[-48:], str(int(row["chips"])), _fmt(row[metric]),
+        measured.add_row(escape(str(row["run"])), str(int(row["chips"])), _fmt(row[metric]),
                          *[f"{row[c]:.3f} {row[f'{c}_share']:.1%}" for c in categories],
                          _fmt(row["per_core_throughput_rel"], "{:.1%}"), _fmt(row["speedup"], "{:.2f}x"))
     console.print(measured)
@@ -125,7 +126,7 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
     for finding in analysis.findings:
         gain = finding["estimated_gain"]
         console.print(f"[bold]{finding['rule']}[/bold] ({finding['severity']}): "
-                      f"{finding['evidence']['summary']}"
+                      f"{escape(finding['evidence']['summary'])}"
                       f"\n  recommendation (catalog §{finding['catalog']}): {finding['recommendation']}\n"
                       f"  estimated gain: {gain['ms']:.3f} {unit} per step = {gain['fraction']:.1%} "
                       f"({gain['model']}; estimate)")
@@ -153,6 +154,13 @@ def mlperf_analyses(paths: list[Path], db_path: Path | None) -> list[ScalingAnal
                               "2 or more", str(paths[0]) if paths else str(db_path))
     return [analyze_scaling(frame, metric="time_to_train_s", workload=f"MLPerf {name}")
             for name, frame in series.items()]
+
+
+def _by_workload(runs: list[LoadedRun]) -> list[list[LoadedRun]]:
+    groups: dict[str, list[LoadedRun]] = {}
+    for run in runs:
+        groups.setdefault(str(run.facts.get("workload") or ""), []).append(run)
+    return list(groups.values())
 
 
 def _db_trace_runs(db_path: Path) -> list[str]:
@@ -191,23 +199,32 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
         raise TpuAnalyzeError("scaling needs at least 2 runs (trace paths, DB:RUN, --db, or MLPerf logs)")
 
     analyses: list[ScalingAnalysis] = []
-    with_mlperf_db = db_path is not None and not paths
-    if mlperf_paths or with_mlperf_db:
-        analyses.extend(mlperf_analyses(mlperf_paths, db_path if with_mlperf_db else None))
+    db_only = db_path is not None and not paths
+    if mlperf_paths:
+        analyses.extend(mlperf_analyses(mlperf_paths, None))
+    if db_only:
+        try:
+            analyses.extend(mlperf_analyses([], db_path))
+        except TpuAnalyzeError:
+            pass  # MLPerf results at one chip count each: the trace runs may still form series
     if trace_specs:
         with RunLoader(db_path) as loader:
             runs: list[LoadedRun] = []
             for spec in trace_specs:
                 runs.extend(loader.load(spec, _override_for(spec, overrides)))
-            if len(runs) < 2:
-                raise TpuAnalyzeError(f"scaling needs at least 2 runs, got {len(runs)}",
-                                      trace_specs[0] if trace_specs else None)
-            frame = trace_series(runs, overrides)
-        workload = next((str(w) for w in frame["workload"].dropna()), "")
-        analyses.append(analyze_scaling(frame.drop(columns=["workload"]), workload=workload,
-                                        project_to=list(project)))
+            if len(runs) < 2 and not db_only:
+                raise TpuAnalyzeError(f"scaling needs at least 2 runs, got {len(runs)}", trace_specs[0])
+            # a whole database: one series per workload measured at 2+ chip counts
+            groups = _by_workload(runs) if db_only else [runs]
+            frames = [trace_series(group, overrides) for group in groups]
+        for frame in frames:
+            if db_only and frame["chips"].nunique() < 2:
+                continue
+            workload = next((str(w) for w in frame["workload"].dropna()), "")
+            analyses.append(analyze_scaling(frame.drop(columns=["workload"]), workload=workload,
+                                            project_to=list(project)))
     if not analyses:
-        raise TpuAnalyzeError("no runs to scale")
+        raise TpuAnalyzeError("no workload measured at 2 or more chip counts", str(db_path or ""))
     console = Console()
     for analysis in analyses:
         render(analysis, console)
