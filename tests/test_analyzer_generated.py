@@ -20,7 +20,7 @@ from tpuanalyze.generator.scenarios import SCENARIOS  # noqa: E402
 from tpuanalyze.store.ingest import ingest_paths  # noqa: E402
 
 CASES = [("resnet50", 8, name) for name in SCENARIOS]
-CASES += [("bert", 8, "baseline"), ("bert", 8, "f32-gradient-allreduce")]
+CASES += [("bert", 8, "baseline")]
 
 
 @pytest.fixture(scope="module")

@@ -34,8 +34,12 @@ table = hlo[0] if isinstance(hlo, list) else hlo
 cols = [c["id"] for c in table["cols"]]
 cat, self_time = cols.index("category"), cols.index("total_self_time")
 total = sum(r["c"][self_time]["v"] for r in table["rows"])
-ar = sum(r["c"][self_time]["v"] for r in table["rows"] if str(r["c"][cat]["v"]).startswith("all-reduce"))
-out["allreduce_share"] = ar / total if total else 0.0
+def share(prefixes):
+    t = sum(r["c"][self_time]["v"] for r in table["rows"] if str(r["c"][cat]["v"]).startswith(prefixes))
+    return t / total if total else 0.0
+out["allreduce_share"] = share(("all-reduce",))
+out["collective_share"] = share(
+    ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all"))
 print("XPROF_JSON" + json.dumps(out))
 """
 
@@ -53,7 +57,7 @@ def _xprof(paths: list[Path]) -> dict:
 
 
 @pytest.mark.xprof
-@pytest.mark.parametrize("scenario", ["baseline", "input-bound", "f32-gradient-allreduce"])
+@pytest.mark.parametrize("scenario", ["input-bound", "latency-bound-collectives"])
 def test_input_and_allreduce_shares_agree_with_xprof(scenario: str, tmp_path: Path) -> None:
     run_dir = generator.generate("resnet50", chips=8, steps=6, hosts=1, scenario=scenario, seed=0,
                                  out=tmp_path / scenario)
@@ -64,11 +68,15 @@ def test_input_and_allreduce_shares_agree_with_xprof(scenario: str, tmp_path: Pa
     train = a.steps[~a.steps["is_eval"]]
     our_input = float(train["input_ps"].sum() / train["duration_ps"].sum())
     ops = a.ops
-    allreduce_ms = ops.loc[ops["kind"] == "all-reduce", "self_time_ms"].sum()
-    our_allreduce = float(allreduce_ms / ops["self_time_ms"].sum())
+    total_ms = ops["self_time_ms"].sum()
+    our_allreduce = float(ops.loc[ops["kind"] == "all-reduce", "self_time_ms"].sum() / total_ms)
+    our_collective = float(ops.loc[ops["category"] == "collectives", "self_time_ms"].sum() / total_ms)
     print(f"{scenario}: input ours {our_input:.2%} xprof {xprof['infeed_percent_average'] / 100:.2%}; "
-          f"all-reduce op share ours {our_allreduce:.2%} xprof {xprof['allreduce_share']:.2%}; step ms ours "
+          f"all-reduce op share ours {our_allreduce:.2%} xprof {xprof['allreduce_share']:.2%}; "
+          f"collective op share ours {our_collective:.2%} xprof {xprof['collective_share']:.2%}; "
+          f"step ms ours "
           f"{a.summary['step_time_ms']['mean']:.2f} xprof {xprof['steptime_ms_average']:.2f}")
     assert our_input == pytest.approx(xprof["infeed_percent_average"] / 100, abs=0.05)
     assert our_allreduce == pytest.approx(xprof["allreduce_share"], abs=0.05)
+    assert our_collective == pytest.approx(xprof["collective_share"], abs=0.05)
     assert a.summary["step_time_ms"]["mean"] == pytest.approx(xprof["steptime_ms_average"], rel=0.03)
