@@ -166,7 +166,8 @@ def _series_from_run_analyses(analyses: Sequence[Any]) -> pd.DataFrame | None:
         row.pop("collectives_overlapped", None)
         rows.append(row)
     frame = pd.DataFrame(rows)
-    return frame if frame["chips"].nunique() >= 2 else None
+    workloads = {a.summary.get("workload") for a in analyses} - {None}
+    return frame if frame["chips"].nunique() >= 2 and len(workloads) <= 1 else None
 
 
 def scaling_charts(items: Sequence[Any]) -> list[tuple[str, str, Any]]:

@@ -130,3 +130,21 @@ def test_sample_demo(sample_traces, tmp_path):
     limit = [f for f in series["findings"] if f["rule"] == "scaling-limit"]
     assert limit and limit[0]["evidence"]["metrics"]["category"] == "collectives"
     assert limit[0]["severity"] == "high"
+
+
+def test_scaling_charts_for_the_html_report(series):
+    import duckdb
+    from tpuanalyze.analyzer.api import analyze_db
+    from tpuanalyze.analyzer.compare import run_facts
+    from tpuanalyze.reports.scaling_charts import scaling_charts, scaling_html
+
+    analyses = analyze_db(series.attrs["db"])
+    assert scaling_charts(analyses) == []  # without chip counts there is no series
+    con = duckdb.connect(str(series.attrs["db"]), read_only=True)
+    for analysis in analyses:
+        analysis.summary["chips"] = run_facts(con, analysis.run_id)["chips"]
+    con.close()
+    blocks = scaling_charts(analyses)
+    assert len(blocks) == 4 and all(chart.to_dict()["$schema"] for _, _, chart in blocks)
+    page = scaling_html([analyze_scaling(series.drop(columns=["workload"]), workload="resnet50")])
+    assert page.count("vegaEmbed(") == 4 and "connect-src 'none'" in page
