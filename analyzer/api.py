@@ -158,6 +158,42 @@ def _batch_and_first_conv(con: duckdb.DuckDBPyConnection,
     return batch, (conv[0][0] if conv else None)
 
 
+def _detail_summary(steps: pd.DataFrame, inputs: pd.DataFrame, collectives: pd.DataFrame,
+                    ops: pd.DataFrame, host_work: dict[str, float]) -> dict[str, Any]:
+    """Extra summary keys: input per core (max vs mean: a slow host), weight update and whether it is
+    sharded, collectives per kind, FLOP utilization (docs/json.md)."""
+    train = steps[~steps["is_eval"]] if not steps.empty else steps
+    step_ps = float(train["duration_ps"].sum()) if len(train) else 0.0
+    out: dict[str, Any] = {}
+    if not inputs.empty:
+        worst = inputs.loc[inputs["infeed_ms_per_step"].idxmax()]
+        out["input"] = {
+            "infeed_ms_per_step_mean": float(inputs["infeed_ms_per_step"].mean()),
+            "infeed_ms_per_step_max": float(worst["infeed_ms_per_step"]),
+            "worst_host": worst["host"], "worst_device_ordinal": int(worst["device_ordinal"]),
+            "host_enqueue_ms": host_work["enqueue_ms"], "host_processing_ms": host_work["non_enqueue_ms"],
+        }
+    kinds = set(collectives["kind"]) if not collectives.empty else set()
+    wu_ps = float(train["weight_update_ps"].sum()) if len(train) else 0.0
+    out["weight_update"] = {
+        "ms_per_step": wu_ps / len(train) / 1e9 if len(train) else 0.0,
+        "fraction_of_step": wu_ps / step_ps if step_ps else 0.0,
+        "sharded": bool({"reduce-scatter", "all-gather"} & kinds),
+    }
+    out["collectives"] = [
+        {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+        for row in collectives.to_dict("records")
+    ]
+    # FLOPs / (time x peak) over ops with a known peak: sum(flops) / sum(flops / utilization)
+    out["flop_utilization"] = None
+    if not ops.empty:
+        mask = ops["flop_utilization"].notna() & (ops["flops"].fillna(0) > 0)
+        if mask.any():
+            flops = ops.loc[mask, "flops"]
+            out["flop_utilization"] = float(flops.sum() / (flops / ops.loc[mask, "flop_utilization"]).sum())
+    return out
+
+
 def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
                 thresholds: Mapping[str, Any] | str | Path | None = None) -> RunAnalysis:
     """Attribute one run's step time and evaluate the catalog rules. Works on read-only connections
@@ -198,6 +234,7 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
                            collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))
     host_work = host_input_work(con, run_id, config, rel)
     infeed_batch, first_conv_ms = _batch_and_first_conv(con, rel)
+    summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
     analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
                                           run_metadata=run.get("metadata"), infeed_batch=infeed_batch,
                                           first_conv_ms=first_conv_ms)
