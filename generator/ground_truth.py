@@ -48,14 +48,16 @@ def sweep(
         out[name] = np.where(choice == c, seg, 0).sum(axis=0)
     out["collectives_overlapped"] = np.where(overlapped, seg, 0).sum(axis=0)
     s_count = step_bounds.shape[0]
-    cols = np.broadcast_to(np.arange(w), step_idx.shape)
+    # flat (step, core) bin per segment; segments outside every Steps event go to bin row s_count
+    bins = (np.where(step_idx >= 0, step_idx, s_count) * w + np.arange(w)).ravel()
+    size = (s_count + 1) * w
+
+    def per_step(values: np.ndarray) -> np.ndarray:
+        return np.bincount(bins, weights=values.ravel(), minlength=size).reshape(s_count + 1, w)[:s_count]
+
     for c, name in enumerate(CATEGORIES[1:], start=1):
-        acc = np.zeros((s_count + 1, w))
-        np.add.at(acc, (np.where(step_idx >= 0, step_idx, s_count), cols), np.where(choice == c, seg, 0))
-        out["step_" + name] = acc[:s_count]
-    acc = np.zeros((s_count + 1, w))
-    np.add.at(acc, (np.where(step_idx >= 0, step_idx, s_count), cols), np.where(overlapped, seg, 0))
-    out["step_collectives_overlapped"] = acc[:s_count]
+        out["step_" + name] = per_step(np.where(choice == c, seg, 0))
+    out["step_collectives_overlapped"] = per_step(np.where(overlapped, seg, 0))
     return out
 
 

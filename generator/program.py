@@ -66,7 +66,7 @@ class _Namer:
 def _layout(shape: str) -> str:
     dims = shape[shape.index("[") + 1 : shape.index("]")]
     rank = len(dims.split(",")) if dims else 0
-    return f"{shape}{{{','.join(str(i) for i in reversed(range(rank)))}:T(8,128)(2,1)}}"
+    return f"{shape}{{{','.join(str(i) for i in reversed(range(rank)))}}}"
 
 
 def _activation_shape(model: Model, layer: int, batch: int) -> str:
