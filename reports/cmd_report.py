@@ -9,6 +9,7 @@ progress and "wrote ..." lines go to stderr.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -73,8 +74,8 @@ def analyse(
     selectors: Sequence[str],
     thresholds: Path | None,
     show_progress: bool,
-) -> list[Any]:
-    """RunAnalysis of each selected run, read-only, with a progress bar over runs."""
+) -> tuple[list[Any], list[Any] | None]:
+    """RunAnalysis of each selected run, read-only, with a progress bar; and their scaling series, if any."""
     import duckdb
     from tpuanalyze.analyzer.api import analyze_run, load_thresholds
 
@@ -98,9 +99,32 @@ def analyse(
             for run_id in run_ids:
                 analyses.append(analyze_run(con, run_id, config))
                 bar.advance(1, note=str(analyses[-1].summary.get("run", run_id)))
-        return analyses
+        return analyses, scaling_series(con, run_ids, analyses)
     finally:
         con.close()
+
+
+def scaling_series(con: Any, run_ids: Sequence[int], analyses: list[Any]) -> list[Any] | None:
+    """The runs as a scaling series (summary + chips) when they are one workload at 2+ chip counts.
+
+    The chip count comes from the trace's own stats (``analyzer.compare.run_facts``), never from
+    the number of traced hosts, which may be a sample. Otherwise None: no scaling section.
+    """
+    if len(analyses) < 2:
+        return None
+    try:
+        from tpuanalyze.analyzer.compare import run_facts
+    except ImportError:
+        return None
+    facts = [run_facts(con, run_id) for run_id in run_ids]
+    chips = [f.get("chips") for f in facts]
+    workloads = {f.get("workload") for f in facts}
+    if None in chips or len(set(chips)) < 2 or len(workloads) > 1:
+        return None
+    return [
+        dataclasses.replace(a, summary={**a.summary, "chips": c})
+        for a, c in zip(analyses, chips, strict=True)
+    ]
 
 
 def _write_json(analyses: Sequence[Any], target: str) -> None:
@@ -114,11 +138,13 @@ def _write_json(analyses: Sequence[Any], target: str) -> None:
         click.echo(f"wrote {target} (JSON, {len(text.encode()):,} bytes)", err=True)
 
 
-def _write_html(analyses: Sequence[Any], target: Path, show_progress: bool) -> None:
+def _write_html(
+    analyses: Sequence[Any], target: Path, show_progress: bool, series: Sequence[Any] | None = None
+) -> None:
     from tpuanalyze.reports.html import write_html
 
     with progress.phase("writing HTML report", enabled=show_progress):
-        size = write_html(analyses, target)
+        size = write_html(analyses, target, scaling_items=series if series is not None else [])
     click.echo(f"wrote {target} (HTML, {size / 1e6:.2f} MB, self-contained)", err=True)
 
 
@@ -196,7 +222,7 @@ def command(
             raise TpuAnalyzeError(
                 "--db is for ingesting traces; the PATH is already a database", str(db_path)
             )
-        analyses = analyse(databases[0], None, run_selectors, thresholds, show)
+        analyses, series = analyse(databases[0], None, run_selectors, thresholds, show)
         database_note = str(databases[0])
     else:
         if run_selectors:
@@ -204,9 +230,9 @@ def command(
         with tempfile.TemporaryDirectory(prefix="tpuanalyze-report-") as tmp:
             target = db_path if db_path is not None else Path(tmp) / "report.duckdb"
             run_ids = _ingest(paths, target, show)
-            analyses = analyse(target, run_ids, (), thresholds, show)
+            analyses, series = analyse(target, run_ids, (), thresholds, show)
         database_note = str(db_path) if db_path is not None else None
-    emit_reports(analyses, json_path, html_path, quiet, show, database_note)
+    emit_reports(analyses, json_path, html_path, quiet, show, database_note, series)
 
 
 def emit_reports(
@@ -216,6 +242,7 @@ def emit_reports(
     quiet: bool,
     show_progress: bool,
     database: str | None,
+    series: Sequence[Any] | None = None,
 ) -> None:
     """Terminal summary (unless quiet or JSON goes to stdout), then the files."""
     from tpuanalyze.reports import terminal
@@ -231,4 +258,4 @@ def emit_reports(
     if json_path is not None:
         _write_json(analyses, json_path)
     if html_path is not None:
-        _write_html(analyses, html_path, show_progress)
+        _write_html(analyses, html_path, show_progress, series)

@@ -231,10 +231,16 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_html(analyses: Sequence[Any], title: str | None = None) -> str:
-    """The whole report as one HTML string."""
+def render_html(
+    analyses: Sequence[Any], title: str | None = None, scaling_items: Sequence[Any] | None = None
+) -> str:
+    """The whole report as one HTML string.
+
+    ``scaling_items`` are what the scaling charts are built from (default: the analyses themselves);
+    the report verb passes the runs with their chip counts when they form a scaling series.
+    """
     sections = [run_section(i, a) for i, a in enumerate(analyses)]
-    scaling = scaling_blocks(analyses)
+    scaling = scaling_blocks(scaling_items if scaling_items is not None else analyses)
     chart_count = sum(1 for s in sections for c in s.charts.values() if c.spec_json) + sum(
         1 for c in scaling if c.spec_json
     )
@@ -256,8 +262,13 @@ def render_html(analyses: Sequence[Any], title: str | None = None) -> str:
     )
 
 
-def write_html(analyses: Sequence[Any], path: str | Path, title: str | None = None) -> int:
+def write_html(
+    analyses: Sequence[Any],
+    path: str | Path,
+    title: str | None = None,
+    scaling_items: Sequence[Any] | None = None,
+) -> int:
     """Write the report; returns its size in bytes."""
-    data = render_html(analyses, title).encode("utf-8")
+    data = render_html(analyses, title, scaling_items).encode("utf-8")
     Path(path).write_bytes(data)
     return len(data)

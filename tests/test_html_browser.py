@@ -85,13 +85,17 @@ def test_cpu_capture_report_shows_notes_instead_of_broken_charts(tmp_path: Path)
 
 
 @needs_chromium
-def test_several_runs_render_with_overview(tmp_path: Path) -> None:
-    out = _report(tmp_path, generated_run(), generated_run(scenario="input-bound", seed=1))
+def test_several_runs_render_with_overview_and_scaling_charts(tmp_path: Path) -> None:
+    # One workload at two chip counts (the larger one host-sampled): a scaling series.
+    runs = (generated_run(chips=8), generated_run(chips=32, hosts=2))
+    out = _report(tmp_path, *runs, via_cli=True)
     document = out.read_text()
     page = browser.render(out)
     _check_rendered(page, document)
     assert 'id="runs"' in page.dom
-    assert page.dom.count('class="run"') == 2
+    assert page.dom.count('<section class="run"') == 2
+    scaling = page.dom[page.dom.index('<section id="scaling"') : page.dom.index('<section class="run"')]
+    assert scaling.count('<div class="chart') >= 2 and scaling.count("<svg") >= 2
 
 
 @needs_chromium
