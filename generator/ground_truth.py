@@ -74,7 +74,9 @@ class TruthAccumulator:
     def add(
         self, host: int, ordinals: list[int], starts: np.ndarray, ends: np.ndarray, cats: np.ndarray
     ) -> None:
-        res = sweep(starts, ends, cats, self.step_bounds)
+        self.add_sweep(host, ordinals, sweep(starts, ends, cats, self.step_bounds))
+
+    def add_sweep(self, host: int, ordinals: list[int], res: dict[str, np.ndarray]) -> None:
         for i, ordinal in enumerate(ordinals):
             fr = {name: float(res[name][i]) / self.wall for name in CATEGORIES}
             fr["idle"] = 1.0 - sum(fr.values())

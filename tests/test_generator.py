@@ -247,3 +247,13 @@ def test_bad_requests_are_refused(kwargs: dict, message: str, tmp_path: Path) ->
     with pytest.raises(TpuAnalyzeError, match=message):
         generate(out=tmp_path, **kwargs)
     assert not any(tmp_path.iterdir())
+
+
+def test_parallel_writers_produce_the_same_run(tmp_path: Path) -> None:
+    one = generate("resnet50", 128, steps=2, hosts=16, seed=4, out=tmp_path / "one", workers=1)
+    two = generate("resnet50", 128, steps=2, hosts=16, seed=4, out=tmp_path / "two", workers=2)
+    files = sorted(p.name for p in one.glob("*.xplane.pb"))
+    assert len(files) == 16 and files == sorted(p.name for p in two.glob("*.xplane.pb"))
+    assert all((one / f).read_bytes() == (two / f).read_bytes() for f in files)
+    a, b = (json.loads((d / "ground_truth.json").read_text()) for d in (one, two))
+    assert a["breakdown"] == b["breakdown"] and a["per_core"] == b["per_core"]
