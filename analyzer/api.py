@@ -58,7 +58,7 @@ def _run_row(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
 
 
 def _device_type(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any]) -> str | None:
-    if run.get("device_type"):
+    if run.get("device_type") and run["device_type"] != "CPU":
         return run["device_type"]
     row = con.execute(
         "SELECT any_value(device_type), any_value(kind) FROM planes "
@@ -66,21 +66,25 @@ def _device_type(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any
     ).fetchone()
     if row and (row[0] or row[1]):
         return row[0] or row[1].upper()
-    host_ops = con.execute(
-        "SELECT count(*) FROM events WHERE run_id = ? AND plane LIKE '/host:%' "
-        "AND json_extract_string(stats, '$.hlo_op') IS NOT NULL", [int(run_id)]
-    ).fetchall()[0][0]
-    return "CPU" if host_ops else None
+    host_ops, gpu_kernels = con.execute(
+        "SELECT count(*) FILTER (WHERE plane LIKE '/host:%' AND json_extract_string(stats, '$.hlo_op') "
+        "IS NOT NULL), count(*) FILTER (WHERE json_extract_string(stats, '$.cat') IN ('Kernel', 'kernel'))"
+        " FROM events WHERE run_id = ?", [int(run_id)]
+    ).fetchall()[0]
+    return "GPU" if gpu_kernels else "CPU" if host_ops else None
 
 
 def _notes(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
            steps: pd.DataFrame) -> list[str]:
     """Plain statements of what the trace lacks or how steps were found."""
     notes = []
-    has_dev, has_steps_line = con.execute(
-        f"SELECT has_device_planes, has_steps_line FROM {rel['att_runs']}"
-    ).fetchone() or (False, False)
-    if not has_dev:
+    has_dev, has_steps_line, is_kineto = con.execute(
+        f"SELECT has_device_planes, has_steps_line, is_kineto FROM {rel['att_runs']}"
+    ).fetchone() or (False, False, False)
+    if is_kineto:
+        notes.append("no XSpace device planes: GPU kernels and memcpys of the Chrome trace (Kineto) are the "
+                     "device ops; steps from ProfilerStep#N annotations")
+    elif not has_dev:
         n_ops = con.execute(f"SELECT count(*) FROM {rel['att_ops']}").fetchone()[0]
         if n_ops:
             notes.append("no device planes with events: host-only trace; XLA CPU ops on host threads are the "
@@ -96,7 +100,7 @@ def _notes(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
         if "op_span" in sources:
             notes.append("no steps: no Steps line, no XLA module executions and no step annotations "
                          "(step_num); each device's op span is treated as one step")
-        if "step_annotation" in sources:
+        if "step_annotation" in sources and not is_kineto:
             notes.append("steps from host step annotations (StepTraceAnnotation step_num); input = time from "
                          "the step's start to its first program dispatch")
         if not has_steps_line and has_dev and not {"xla_modules", "op_span"} & set(sources):

@@ -41,6 +41,7 @@ def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, 
         "pat_eval_program": sql_literal(pats["eval_program"]),
         "pat_eval_annotation": sql_literal(pats["eval_annotation"]),
         "pat_dispatch": sql_literal(pats["dispatch"]),
+        "kineto_device_cats": "('Kernel', 'kernel', 'Memcpy', 'gpu_memcpy', 'Memset', 'gpu_memset')",
     }
     subs.update(relation)
     return subs

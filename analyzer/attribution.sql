@@ -15,7 +15,11 @@ SELECT r.run_id,
                WHERE p.run_id = r.run_id AND p.kind IN ('tpu', 'gpu') AND p.num_events > 0) AS has_device_planes,
        EXISTS (SELECT 1 FROM events e
                WHERE e.run_id = r.run_id AND e.line = 'Steps'
-                 AND (e.plane LIKE '/device:%')) AS has_steps_line
+                 AND (e.plane LIKE '/device:%')) AS has_steps_line,
+       -- Chrome-trace JSON from PyTorch/Kineto: GPU kernels and memcpys are events with a device
+       r.source_format = 'chrome_json' AND EXISTS (
+           SELECT 1 FROM events e WHERE e.run_id = r.run_id
+             AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats) AS is_kineto
 FROM runs r
 WHERE $run_filter;
 
@@ -49,6 +53,15 @@ WITH raw AS (
     WHERE $run_filter AND NOT r.has_device_planes
       AND e.plane LIKE '/host:%'
       AND json_extract_string(e.stats, '$.hlo_op') IS NOT NULL
+      AND e.duration_ps > 0
+    UNION ALL
+    SELECT e.run_id, e.host, coalesce(TRY_CAST(json_extract_string(e.stats, '$.device') AS INTEGER), 0),
+           e.plane, e.line, e.name, e.name, e.hlo_category, e.hlo_module, e.program_id, e.tf_op, e.shape,
+           e.flops, e.bytes_accessed, e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE
+    FROM events e
+    JOIN $att_runs r USING (run_id)
+    WHERE $run_filter AND r.is_kineto
+      AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
       AND e.duration_ps > 0
 ), kinded AS (
     SELECT *, $collective_kind AS collective_kind FROM raw
@@ -84,13 +97,18 @@ WITH device_list AS (
     WHERE $run_filter AND r.has_device_planes AND NOT r.has_steps_line
       AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%' AND e.duration_ps > 0
 ), host_steps AS (
-    SELECT e.run_id, e.host, d.device, e.step_num, e.start_ps, e.start_ps + e.duration_ps,
+    -- StepTraceAnnotation (step_num stat); Kineto's "ProfilerStep#N" annotations
+    SELECT e.run_id, e.host, d.device,
+           coalesce(e.step_num, TRY_CAST(regexp_extract(e.name, '^ProfilerStep#(\d+)$', 1) AS BIGINT)),
+           e.start_ps, e.start_ps + e.duration_ps,
            regexp_matches(lower(e.name), $pat_eval_program), 'step_annotation', e.line_index
     FROM events e JOIN $att_runs r USING (run_id)
     JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
-    WHERE $run_filter AND NOT r.has_device_planes AND e.plane LIKE '/host:%'
-      AND e.step_num IS NOT NULL AND e.duration_ps > 0
+    WHERE $run_filter AND NOT r.has_device_planes AND (e.plane LIKE '/host:%' OR r.is_kineto)
+      AND (e.step_num IS NOT NULL OR (r.is_kineto AND regexp_matches(e.name, '^ProfilerStep#\d+$')))
+      AND e.duration_ps > 0
       AND json_extract_string(e.stats, '$.hlo_op') IS NULL
+      AND coalesce(json_extract_string(e.stats, '$.cat'), '') NOT IN $kineto_device_cats
 ), found AS (
     SELECT * FROM steps_line
     UNION ALL SELECT * FROM module_steps

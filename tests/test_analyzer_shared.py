@@ -61,9 +61,13 @@ def test_v6e_inference_has_no_steps_line_and_says_so(shared_db: duckdb.DuckDBPyC
     assert "all-reduce" in set(a.collectives["kind"])  # the capture's psum
 
 
-def test_kineto_json_without_device_planes_says_so(shared_db: duckdb.DuckDBPyConnection) -> None:
+def test_kineto_json_gpu_kernels_and_profiler_steps(shared_db: duckdb.DuckDBPyConnection) -> None:
+    """PyTorch Kineto JSON: no XSpace device planes; GPU kernels are the device ops, ProfilerStep#N the
+    steps, the NCCL kernels collectives."""
     a = analyze_run(shared_db, _run_id(shared_db, "kineto_nccl_rank0"))
-    assert any("no device planes" in n for n in a.summary["notes"])
+    assert any("Kineto" in n for n in a.summary["notes"])
+    assert a.summary["device_type"] == "GPU" and a.summary["steps"] == 2
+    assert a.summary["breakdown"]["collectives"] > 0 and not a.collectives.empty
 
 
 def test_pmap8_input_bound(shared_db: duckdb.DuckDBPyConnection) -> None:
