@@ -168,7 +168,12 @@ def category_shares_chart(breakdowns: dict[str, dict[str, float]]) -> alt.Chart 
         tooltip=[alt.Tooltip("run:N"), alt.Tooltip("category:N"), alt.Tooltip("share:Q", format=".1%")],
     )
     bars = base.mark_bar().encode(
-        color=alt.Color("category:N", scale=_category_scale(present), title="category")
+        color=alt.Color(
+            "category:N",
+            scale=_category_scale(present),
+            title=None,
+            legend=alt.Legend(orient="bottom", direction="horizontal", columns=4, symbolType="square"),
+        )
     )
     # Labels sit at each segment's middle (computed here: text marks do not center in stacks).
     frame_mid = frame.copy()
@@ -190,11 +195,23 @@ def _core_label(host: pd.Series, ordinal: pd.Series) -> pd.Series:
     return host.astype(str) + " : " + ordinal.astype("Int64").astype(str)
 
 
-def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
-    """Step time per core (or per host, when there are many cores) and step: stragglers stand out.
+# What the heatmap can color by (a selector in the chart); own time first: in synchronous training
+# every core's step lasts as long as the slowest core's, so step time alone hides the straggler.
+HEATMAP_METRICS = {
+    "own_ms": "own time (step minus exposed collectives)",
+    "step_ms": "step time",
+    "input_ms": "input wait",
+    "collectives_ms": "exposed collectives",
+}
 
-    Eval steps are left out (their different length would swamp the color scale). With more than
-    MAX_HEATMAP_CORE_ROWS cores each row is a host and the cell is its slowest core's step time.
+
+def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
+    """Per core (or host, when there are many cores) and step: own time, step time, input, collectives.
+
+    A straggler is a dark row in own time (the others wait for it inside the collectives, so their
+    own time is lower); a slow step is a dark column. Eval steps are left out (their length would
+    swamp the color scale). Above MAX_HEATMAP_CORE_ROWS cores a row is a host, shown by its core
+    with the most own time in that step.
     """
     if _empty(steps):
         return None
@@ -206,32 +223,38 @@ def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
             "host": train["host"].astype(str),
             "device_ordinal": train["device_ordinal"],
             "step_ms": train["duration_ps"].astype("float64") / PS_PER_MS,
+            "input_ms": _ps_column(train, "input") / PS_PER_MS,
+            "collectives_ms": _ps_column(train, "collectives") / PS_PER_MS,
         }
     )
+    frame["own_ms"] = frame["step_ms"] - frame["collectives_ms"]
+    metrics = list(HEATMAP_METRICS)
     n_cores = frame[["host", "device_ordinal"]].drop_duplicates().shape[0]
     n_rows = n_cores if n_cores <= MAX_HEATMAP_CORE_ROWS else frame["host"].nunique()
     max_columns = max(10, min(MAX_STEP_COLUMNS, MAX_HEATMAP_CELLS // max(1, n_rows)))
     frame["step"], width = step_bins(train["step_num"], max_columns)
+    frame["core"] = _core_label(frame["host"], frame["device_ordinal"])
+    per_core = frame.groupby(["host", "core", "step"], as_index=False)[metrics].mean()
     if n_cores <= MAX_HEATMAP_CORE_ROWS:
-        frame["row"] = _core_label(frame["host"], frame["device_ordinal"])
-        cells = frame.groupby(["row", "step"], as_index=False).agg(step_ms=("step_ms", "mean"))
-        cells["worst_core"] = cells["row"]
+        cells = per_core.assign(row=per_core["core"])
         row_title = "core (host : ordinal)"
     else:
-        frame["row"] = frame["host"]
-        frame["core"] = _core_label(frame["host"], frame["device_ordinal"])
-        per_core = frame.groupby(["row", "core", "step"], as_index=False).agg(step_ms=("step_ms", "mean"))
-        idx = per_core.groupby(["row", "step"])["step_ms"].idxmax()
-        cells = per_core.loc[idx].rename(columns={"core": "worst_core"}).reset_index(drop=True)
-        row_title = "host (slowest core)"
-    median = float(cells["step_ms"].median()) or 1.0
-    cells["vs_median"] = cells["step_ms"] / median - 1.0
+        idx = per_core.groupby(["host", "step"])["own_ms"].idxmax()
+        cells = per_core.loc[idx].assign(row=lambda d: d["host"]).reset_index(drop=True)
+        row_title = "host (its core with most own time)"
+    cells = cells[["row", "core", "step", *metrics]]
     n_rows = cells["row"].nunique()
     step_title = "step" if width == 1 else f"step (bins of {width})"
     cell_height = 14 if n_rows <= 64 else max(2, int(900 / n_rows))
+    metric = alt.param(
+        name="heat_metric",
+        value="own_ms",
+        bind=alt.binding_select(options=metrics, labels=list(HEATMAP_METRICS.values()), name="color by: "),
+    )
     return (
         alt.Chart(cells)
         .mark_rect()
+        .transform_calculate(value="datum[heat_metric]")
         .encode(
             x=alt.X("step:O", title=step_title),
             y=alt.Y(
@@ -240,15 +263,18 @@ def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
                 sort="ascending",
                 axis=alt.Axis(labels=n_rows <= 64, ticks=n_rows <= 64),
             ),
-            color=alt.Color("step_ms:Q", title="step ms", scale=alt.Scale(scheme="orangered", zero=False)),
+            color=alt.Color("value:Q", title="ms", scale=alt.Scale(scheme="orangered", zero=False)),
             tooltip=[
                 alt.Tooltip("row:N", title=row_title),
-                alt.Tooltip("worst_core:N", title="core"),
+                alt.Tooltip("core:N"),
                 alt.Tooltip("step:O", title=step_title),
-                alt.Tooltip("step_ms:Q", format=".3f", title="step ms"),
-                alt.Tooltip("vs_median:Q", format="+.1%", title="vs median cell"),
+                *[
+                    alt.Tooltip(f"{m}:Q", format=".3f", title=f"{label} ms")
+                    for m, label in HEATMAP_METRICS.items()
+                ],
             ],
         )
+        .add_params(metric)
         .properties(width="container", height=min(1000, max(120, cell_height * n_rows)))
     )
 

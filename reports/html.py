@@ -109,8 +109,10 @@ def run_section(index: int, analysis: Any) -> RunSection:
         step_time=view.step_time_text(summary),
         breakdown=view.breakdown_rows(summary, steps),
         findings=view.ranked_findings(view.run_findings(analysis)),
-        worst_cores=_records(view.worst_rows(_frame(analysis, "per_core"), ["host", "device_ordinal"])),
-        worst_hosts=_records(view.worst_rows(_frame(analysis, "per_host"), ["host"])),
+        worst_cores=_records(
+            view.worst_rows(steps, ["host", "device_ordinal"], fallback=_frame(analysis, "per_core"))
+        ),
+        worst_hosts=_records(view.worst_rows(steps, ["host"], fallback=_frame(analysis, "per_host"))),
         top_ops=_records(ops.sort_values("self_time_ms", ascending=False).head(15))
         if ops is not None and not ops.empty
         else [],
@@ -134,8 +136,10 @@ def run_section(index: int, analysis: Any) -> RunSection:
         ),
         "heatmap": _block(
             f"{prefix}-heatmap",
-            "Step time per core and step",
-            "Darker is slower: a straggling core or host is a dark row, a slow step a dark column.",
+            "Stragglers: time per core and step",
+            "Colored by own time (step minus exposed collective wait) by default: the others wait for a "
+            "straggler inside the collectives, so it is the dark row; a slow step is a dark column. "
+            "Switch the color to step time, input wait or exposed collectives below the chart.",
             charts.step_time_heatmap(steps),
             note=no_steps,
         ),
@@ -226,6 +230,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["num"] = view.format_value
+    env.filters["msf"] = view.format_ms
     env.filters["pct"] = lambda v, d=1: "" if v is None else f"{float(v) * 100:.{d}f}%"
     env.filters["ms"] = lambda v: "" if v is None else f"{float(v):,.3f}"
     return env

@@ -104,13 +104,17 @@ def breakdown_table(summary: dict, steps: Any) -> Table:
     return table
 
 
-def worst_table(title: str, rows: Any, keys: list[str]) -> Table | None:
-    if rows is None or rows.empty:
+def worst_table(title: str, rows: Any, keys: list[str]) -> Table | Text | None:
+    """Cores/hosts by own time (step minus exposed collective wait): a straggler comes first."""
+    if rows is None or len(rows) < 2:  # one host or core: nothing to compare
         return None
+    if float(rows["vs_median"].abs().max()) < 0.005:
+        return Text(f"{title}: all within 0.5% of the median (no straggler)\n")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for key in keys:
         table.add_column("core" if key == "device_ordinal" else key, overflow="fold")
     table.add_column("step ms", justify="right")
+    table.add_column("own ms", justify="right")
     table.add_column("vs median", justify="right")
     table.add_column("most above median")
     for record in rows.to_dict("records"):
@@ -118,6 +122,7 @@ def worst_table(title: str, rows: Any, keys: list[str]) -> Table | None:
         table.add_row(
             *[str(record[k]) for k in keys],
             _num(record["step_time_ms"]),
+            _num(record.get("own_ms")),
             "–" if vs is None or vs != vs else f"{vs:+.1%}",
             str(record.get("largest_excess") or ""),
         )
@@ -186,10 +191,15 @@ def render_run(console: Console, analysis: Any) -> None:
     console.print(header(summary))
     console.print(breakdown_table(summary, steps))
     for title, frame, keys in (
-        ("Slowest cores", getattr(analysis, "per_core", None), ["host", "device_ordinal"]),
-        ("Slowest hosts", getattr(analysis, "per_host", None), ["host"]),
+        (
+            "Slowest cores (own ms = step minus exposed collective wait)",
+            "per_core",
+            ["host", "device_ordinal"],
+        ),
+        ("Slowest hosts (their slowest core)", "per_host", ["host"]),
     ):
-        table = worst_table(title, view.worst_rows(frame, keys, WORST), keys)
+        rows = view.worst_rows(steps, keys, WORST, fallback=getattr(analysis, frame, None))
+        table = worst_table(title, rows, keys)
         if table is not None:
             console.print(table)
     ops = ops_table(getattr(analysis, "ops", None))

@@ -62,10 +62,20 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def format_bytes(value: float) -> str:
+    """Decimal units, as network and HBM bandwidths are quoted: 9.37 MB, 64 KB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
 def format_metric(name: str, value: Any) -> str:
     """Like format_value, but fractions (by their name) as percentages."""
     if _is_number(value) and any(word in name for word in ("fraction", "share", "_frac", "utilization")):
         return f"{float(value):.1%}"
+    if _is_number(value) and "bytes" in name:
+        return format_bytes(float(value))
     return format_value(value)
 
 
@@ -260,31 +270,95 @@ def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[Bre
     return rows
 
 
+def format_ms(value: Any) -> str:
+    """Milliseconds with 4 significant digits at most (209.1, 24.37, 0.8640), thousands separated."""
+    if not _is_number(value):
+        return "–"
+    value = float(value)
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.1f}"
+    if abs(value) >= 10:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
 def step_time_text(summary: dict) -> str:
     st = summary.get("step_time_ms") or {}
     if not _is_number(st.get("mean")):
         return "no steps found"
     return (
-        f"{st['mean']:.3g} ms mean · median {format_value(st.get('median'))} · "
-        f"min {format_value(st.get('min'))} · max {format_value(st.get('max'))}"
+        f"{format_ms(st['mean'])} ms mean · median {format_ms(st.get('median'))} · "
+        f"min {format_ms(st.get('min'))} · max {format_ms(st.get('max'))}"
     )
 
 
-def worst_rows(frame: pd.DataFrame | None, keys: list[str], limit: int = 5) -> pd.DataFrame:
-    """The slowest cores or hosts with their step time vs the median and their largest category."""
+def per_core_step_ms(steps: pd.DataFrame | None) -> pd.DataFrame:
+    """Per core, means over train steps: step ms, own ms (step minus exposed collectives) and categories.
+
+    In synchronous training every core's step lasts as long as the slowest one's, so step time does
+    not show a straggler: the others wait for it in the collectives. What a core spends *outside*
+    collective waits ("own" time) does: the straggler has the most (catalog §3.3 sync vs compute).
+    """
+    if steps is None or steps.empty:
+        return pd.DataFrame()
+    train = steps
+    if "is_eval" in steps.columns:
+        train = steps[~steps["is_eval"].fillna(False).astype(bool)]
+    if train.empty:
+        return pd.DataFrame()
+    data = pd.DataFrame({"host": train["host"].astype(str), "device_ordinal": train["device_ordinal"]})
+    data["step_ms"] = train["duration_ps"].astype("float64") / 1e9
+    for category in CATEGORIES:
+        column = f"{category}_ps"
+        if category != "eval" and column in train.columns:
+            data[category] = train[column].fillna(0).astype("float64") / 1e9
+    data["own_ms"] = data["step_ms"] - data.get("collectives", 0.0)
+    return data.groupby(["host", "device_ordinal"], as_index=False).mean(numeric_only=True)
+
+
+def worst_rows(
+    steps: pd.DataFrame | None, keys: list[str], limit: int = 5, fallback: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """The cores (keys host, device_ordinal) or hosts (key host) with the most own time.
+
+    Columns: keys, step_time_ms, own_ms, vs_median (own time vs the median core/host), largest_excess
+    (the category furthest above its median, e.g. input on a straggler host). A host is its slowest core.
+    ``fallback`` (per_core/per_host frames) ranks by step time when there are no step rows.
+    """
+    cores = per_core_step_ms(steps)
+    if cores.empty:
+        return _worst_by_step_time(fallback, keys, limit)
+    if keys == ["host"]:
+        cores = cores.loc[cores.groupby("host")["own_ms"].idxmax()].reset_index(drop=True)
+    data = cores.rename(columns={"step_ms": "step_time_ms"})
+    median = float(data["own_ms"].median())
+    data["vs_median"] = data["own_ms"] / median - 1.0 if median else float("nan")
+    data["largest_excess"] = _largest_excess(
+        data, [c for c in CATEGORIES if c in data.columns], 0.005 * median
+    )
+    data = data.sort_values(["own_ms", "step_time_ms"], ascending=False).head(limit)
+    return data[[*keys, "step_time_ms", "own_ms", "vs_median", "largest_excess"]].reset_index(drop=True)
+
+
+def _largest_excess(data: pd.DataFrame, columns: list[str], minimum: float) -> pd.Series:
+    """Per row, the category furthest above its median over all rows ("" below ``minimum``: noise)."""
+    if not columns:
+        return pd.Series("", index=data.index)
+    values = data[columns].astype("float64")
+    excess = values - values.median()
+    labels = excess.idxmax(axis=1).map(CATEGORY_LABELS)
+    return labels.where(excess.max(axis=1) >= max(minimum, 1e-12), "")
+
+
+def _worst_by_step_time(frame: pd.DataFrame | None, keys: list[str], limit: int) -> pd.DataFrame:
     if frame is None or frame.empty or "step_time_ms" not in frame.columns:
         return pd.DataFrame()
     data = frame.copy()
     median = float(data["step_time_ms"].median())
+    data["own_ms"] = float("nan")
     data["vs_median"] = data["step_time_ms"] / median - 1.0 if median else float("nan")
-    shares = [c for c in CATEGORIES if c in data.columns]
-    if shares:
-        # The category that makes the difference: the one most above its median over all rows.
-        excess = data[shares].astype("float64") - data[shares].astype("float64").median()
-        data["largest_excess"] = excess.idxmax(axis=1).map(CATEGORY_LABELS)
-        # Ties and noise are not a cause: at least half a percentage point above the median.
-        data.loc[excess.max(axis=1) < 0.005, "largest_excess"] = ""
-    else:
-        data["largest_excess"] = ""
+    data["largest_excess"] = _largest_excess(data, [c for c in CATEGORIES if c in data.columns], 0.005)
     data = data.sort_values("step_time_ms", ascending=False).head(limit)
-    return data[[*keys, "step_time_ms", "vs_median", "largest_excess"]].reset_index(drop=True)
+    return data[[*keys, "step_time_ms", "own_ms", "vs_median", "largest_excess"]].reset_index(drop=True)
