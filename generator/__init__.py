@@ -11,23 +11,25 @@ from __future__ import annotations
 import json
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
-from tpuanalyze.generator.cost_model import allreduce_ms, step_costs
+from tpuanalyze.generator.cost_model import StepCosts, allreduce_ms, step_costs
 from tpuanalyze.generator.ground_truth import BREAKDOWN_KEYS, TruthAccumulator
-from tpuanalyze.generator.program import build_eval_program, build_train_program
+from tpuanalyze.generator.program import Program, build_eval_program, build_train_program
 from tpuanalyze.generator.run_writer import PS_PER_MS, HostWriter, write_hosts
-from tpuanalyze.generator.scenarios import SCENARIOS, get_scenario
+from tpuanalyze.generator.scenarios import SCENARIOS, Scenario, get_scenario
 from tpuanalyze.generator.timeline import nominal_step_ms, simulate
-from tpuanalyze.generator.topology import topology_for
+from tpuanalyze.generator.topology import Topology, topology_for
 from tpuanalyze.generator.visibility import check_visibility
-from tpuanalyze.generator.workloads import MODELS, at_scale_config, config_for, get_model
+from tpuanalyze.generator.workloads import MODELS, Model, Preset, at_scale_config, config_for, get_model
 from tpuanalyze.generator.xspace_writer import build_run_metadata
 
 from tpuanalyze.errors import TpuAnalyzeError
 
-__all__ = ["generate", "MODELS", "SCENARIOS", "plan_run"]
+__all__ = ["generate", "MODELS", "SCENARIOS", "plan_run", "RunPlan"]
 
 
 def _program_id(*parts: str) -> int:
@@ -60,23 +62,32 @@ def _validate(model: str, chips: int, steps: int, hosts: int | None, scenario: s
     return m, topo, scen
 
 
-def plan_run(model: str, chips: int, scenario: str = "baseline", steps: int = 10):
-    """The modelled configuration without writing anything: (model, config, topology, scenario, costs,
-    train program, eval program, nominal device step ms). Used by calibration and tests."""
+class RunPlan(NamedTuple):
+    """The modelled configuration of a run, before any per-core simulation."""
+
+    model: Model
+    config: Preset
+    topology: Topology
+    scenario: Scenario
+    costs: StepCosts
+    train: Program
+    evalp: Program
+    nominal_step_ms: float
+
+
+def plan_run(model: str, chips: int, scenario: str = "baseline", steps: int = 10) -> RunPlan:
+    """The configuration, costs and programs of a run without writing anything (calibration, tests)."""
     m, topo, scen = _validate(model, chips, steps, None, scenario)
     cfg = config_for(model, chips)
     if scen.at_scale:
         cfg = at_scale_config(model, chips, cfg)
     costs = step_costs(m, cfg, topo, scen)
     train = build_train_program(m, costs, topo, scen, _program_id(model, scenario, "train"))
-    evalp0 = build_eval_program(m, costs, topo, scen, _program_id(model, scenario, "eval"), 0.0)
     nominal = nominal_step_ms(train, topo.cores, costs.partition)
-    evalp = (
-        evalp0
-        if scen.eval_distributed
-        else build_eval_program(m, costs, topo, scen, _program_id(model, scenario, "eval"), 2.5 * nominal)
-    )  # host-side metric code
-    return m, cfg, topo, scen, costs, train, evalp, nominal
+    # not distributed (catalog §3.10): the device waits while host-side metric code runs, 2.5 steps [est]
+    host_metric_ms = 0.0 if scen.eval_distributed else 2.5 * nominal
+    evalp = build_eval_program(m, costs, topo, scen, _program_id(model, scenario, "eval"), host_metric_ms)
+    return RunPlan(m, cfg, topo, scen, costs, train, evalp, nominal)
 
 
 def generate(
@@ -87,7 +98,7 @@ def generate(
     scenario: str = "baseline",
     seed: int = 0,
     out: Path | str = Path("."),
-    progress=None,
+    progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
 ) -> Path:
     """Model every host of the slice, write `hosts` of them (default all) as real XSpace files, and

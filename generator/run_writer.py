@@ -184,9 +184,11 @@ class HostWriter:
             )
             planes.append(device_plane_header(c, hostname, host * cph + c) + meta.bytes_ + body)
         lead = self.lead_ms
+        starts = [t + lead for t in self.sched.step_starts]
+        waits = self.sched.host_wait_ms[host] if self.sched.host_wait_ms is not None else np.zeros(self.steps)
         cpu = host_cpu_plane(
-            [t + lead for t in self.sched.step_starts],
-            [t + lead for t in self.sched.step_ends],
+            starts,
+            [t + float(w) for t, w in zip(starts, waits, strict=True)],
             float(self.periods[host]),
             self.scen.host_processing_share,
             cph,

@@ -41,7 +41,6 @@ class Schedule:
     eval_spans: list[tuple[int, float, float]] = field(default_factory=list)  # (after step, start, end)
     nominal_step_ms: float = 0.0
     host_wait_ms: np.ndarray | None = None  # (hosts, steps) infeed wait the host pipeline causes
-    host_period_ms: np.ndarray | None = None  # (hosts,) host input time per step
 
 
 def _walk(
@@ -148,7 +147,6 @@ def simulate(
     sched = Schedule(written_cores=keep)
     nominal = nominal_step_ms(train, cores, partition)
     sched.nominal_step_ms = nominal
-    sched.host_period_ms = host_period_ms
     waits = np.zeros((hosts, steps))
     gap_base = DEVICE_LOOP_GAP_MS if host_gap_ms is None else host_gap_ms
 

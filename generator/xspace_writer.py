@@ -169,73 +169,61 @@ def line_bytes(line_id: int, name: str, timestamp_ns: int, events: bytes) -> byt
 
 def host_cpu_plane(
     step_starts_ms: list[float],
-    step_ends_ms: list[float],
+    ready_ms: list[float],
     period_ms: float,
     processing_share: float,
     cores_per_host: int,
     host_gap_ms: float | None,
     timestamp_ns: int,
-    eval_spans: list,
+    eval_spans: list[tuple[int, float, float]],
     eval_distributed: bool,
 ) -> pb.XPlane:
-    """Host threads: tf.data processing (`Iterator::...`), infeed enqueue per core, and the launch loop."""
+    """Host threads: tf.data processing (`Iterator::...`), infeed enqueue per core, and the launch loop.
+
+    The batch of step k is processed, then enqueued core by core, finishing when the device's infeed of
+    step k completes (`ready_ms`); a host slower than the device therefore shows as infeed wait."""
     plane = pb.XPlane(id=0, name="/host:CPU")
     names = [
         "Iterator::Model::MapAndBatch::ParallelInterleaveV4::ParseExampleAndDecodeCrop",
-        "InfeedEnqueueTuple",
+        "input_pipeline_task0/while/InfeedQueue/enqueue:InfeedEnqueueTuple",  # TF op "name:type"
         "TpuExecute::train_step",
         "EvalMetrics::compute",
     ]
     for i, n in enumerate(names, start=1):
         plane.event_metadata[i].id = i
         plane.event_metadata[i].name = n
-    plane.stat_metadata[1].id = 1
-    plane.stat_metadata[1].name = "step_num"
-    plane.stat_metadata[2].id = 2
-    plane.stat_metadata[2].name = "device_ordinal"
-    proc = [
-        plane.lines.add(
-            id=1001 + i,
-            display_id=1001 + i,
-            name=f"tf_data_private_threadpool/{1001 + i}",
-            timestamp_ns=timestamp_ns,
-        )
-        for i in range(2)
-    ]
-    enq = plane.lines.add(
-        id=1100, display_id=1100, name="InfeedEnqueueThread/1100", timestamp_ns=timestamp_ns
-    )
-    main = plane.lines.add(id=1000, display_id=1000, name="python3/1000", timestamp_ns=timestamp_ns)
+    for i, n in enumerate(("step_num", "device_ordinal"), start=1):
+        plane.stat_metadata[i].id = i
+        plane.stat_metadata[i].name = n
+
+    def line(tid: int, name: str) -> pb.XLine:
+        return plane.lines.add(id=tid, display_id=tid, name=f"{name}/{tid}", timestamp_ns=timestamp_ns)
+
+    main = line(1000, "python3")
+    proc = [line(1001, "tf_data_private_threadpool"), line(1002, "tf_data_private_threadpool")]
+    enq = line(1100, "InfeedEnqueueThread")
     ps = 1e9  # ms -> ps
     proc_ms = processing_share * period_ms
     enq_ms = (1 - processing_share) * period_ms / cores_per_host
-    for k, start in enumerate(step_starts_ms):
-        ready = start  # the batch must be on the device when step k starts (prefetched one step ahead)
-        p0 = ready - period_ms
-        ev = proc[k % 2].events.add(
-            metadata_id=1, offset_ps=int(max(p0, -0.0) * ps + 0), duration_ps=int(proc_ms * ps)
-        )
-        ev.offset_ps = int(p0 * ps) if p0 >= 0 else 0
+    launch = host_gap_ms if host_gap_ms is not None else 0.005
+    for k, (start, ready) in enumerate(zip(step_starts_ms, ready_ms, strict=True)):
+        t = ready - period_ms
+        ev = proc[k % 2].events.add(metadata_id=1, offset_ps=int(t * ps), duration_ps=int(proc_ms * ps))
         ev.stats.add(metadata_id=1, int64_value=k)
-        t = p0 + proc_ms
+        t += proc_ms
         for c in range(cores_per_host):
-            e = enq.events.add(
-                metadata_id=2, offset_ps=max(0, int(t * ps)), duration_ps=max(1, int(enq_ms * ps))
-            )
+            e = enq.events.add(metadata_id=2, offset_ps=int(t * ps), duration_ps=max(1, int(enq_ms * ps)))
             e.stats.add(metadata_id=2, int64_value=c)
             t += enq_ms
-        launch = host_gap_ms if host_gap_ms is not None else 0.005
-        m = main.events.add(
-            metadata_id=3, offset_ps=max(0, int((start - launch) * ps)), duration_ps=int(launch * ps)
-        )
+        m = main.events.add(metadata_id=3, offset_ps=int((start - launch) * ps), duration_ps=int(launch * ps))
         m.stats.add(metadata_id=1, int64_value=k)
-    for _k, s, e in eval_spans:
-        if not eval_distributed:
+    if not eval_distributed:
+        for _k, s, e in eval_spans:
             main.events.add(metadata_id=4, offset_ps=int(s * ps), duration_ps=int((e - s) * ps))
-    for line in plane.lines:  # keep events in time order per line
-        evs = sorted(line.events, key=lambda x: x.offset_ps)
-        del line.events[:]
-        line.events.extend(evs)
+    for ln in plane.lines:  # events in time order per line
+        evs = sorted(ln.events, key=lambda x: x.offset_ps)
+        del ln.events[:]
+        ln.events.extend(evs)
     return plane
 
 
