@@ -3,10 +3,11 @@ database ingest (all-or-nothing, re-ingest replaces) and the ``tpuanalyze mlperf
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -14,6 +15,7 @@ import pytest
 from tpuanalyze.analyzer.mlperf_summary import olympic_score, summarize_db, summarize_paths
 from tpuanalyze.parsers.mlperf import ingest_mlperf, ingest_mlperf_into, load_mlperf, parse_line
 
+from tpuanalyze.cli import main
 from tpuanalyze.errors import TraceFormatError
 
 # catalog §1: the v0.7 headline table (seconds) and the v0.6 scaling table, as (folder, seconds).
@@ -162,13 +164,37 @@ def test_ingest_roundtrip_reingest_and_rollback(tmp_path, shared_mlperf, summary
 
 def test_cli_prints_table_and_json(tmp_path, shared_mlperf):
     out = tmp_path / "m.json"
-    result = subprocess.run([sys.executable, "-m", "tpuanalyze.cli", "mlperf",
-                             str(shared_mlperf / "v0.7"), "--json", str(out)],
-                            capture_output=True, text=True, env={"COLUMNS": "220", "PATH": ""})
-    assert result.returncode == 0, result.stderr
-    assert "28.88 s" in result.stdout and "15.46 s" in result.stdout
+    code, stdout, stderr = _cli("mlperf", str(shared_mlperf / "v0.7"), "--json", str(out))
+    assert code == 0, stderr
+    assert "28.88 s" in stdout and "15.46 s" in stdout
     document = json.loads(out.read_text())
     assert {row["submitter_path"] for row in document["mlperf"]} >= set(V07_HEADLINE)
-    bad = subprocess.run([sys.executable, "-m", "tpuanalyze.cli", "mlperf", str(tmp_path / "none")],
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "none" in bad.stderr
+    code, _, stderr = _cli("mlperf", str(tmp_path / "none"))
+    assert code == 2 and stderr.count("\n") == 1 and "none" in stderr
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    """The CLI in this process (wide console): (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            mock_env({"COLUMNS": "220"}):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+@contextlib.contextmanager
+def mock_env(values: dict[str, str]):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
