@@ -26,7 +26,13 @@ V07_HEADLINE = {
     "v0.7/tpu-v3-8192-TF/ssd": 27.73, "v0.7/tpu-v3-4096-JAX/ssd": 32.81,
     "v0.7/tpu-v3-1024-TF/maskrcnn": 487.75, "v0.7/tpu-v3-1024-TF/gnmt": 126.07,
 }
-V06_RESNET_BY_CHIPS = {16: 2531, 64: 673, 128: 412, 256: 231, 512: 136, 1024: 77.0}
+V06_BY_CHIPS = {  # catalog §1, seconds by chips
+    "resnet": {16: 2531, 64: 673, 128: 412, 256: 231, 512: 136, 1024: 77.0},
+    "ssd": {16: 756, 64: 233, 128: 166, 256: 107, 512: 80.4, 1024: 72.4},
+    "transformer": {16: 612, 64: 231, 128: 169, 256: 94.9, 512: 62.8, 1024: 50.9},
+    "gnmt": {16: 735, 64: 277, 128: 212, 256: 151, 512: 126.7},
+    "mask": {16: 6422, 64: 3448, 128: 2136},
+}
 
 
 def _independent_olympic(folder: Path, version: str) -> float:
@@ -79,9 +85,12 @@ def test_v07_headline_table_reproduced(summary):
 
 
 def test_v06_scaling_table_reproduced(summary):
+    for benchmark, table in V06_BY_CHIPS.items():
+        rows = summary[(summary.version == "v0.6") & (summary.benchmark == benchmark)].set_index("chips")
+        assert sorted(rows.index) == sorted(table), benchmark
+        for chips, seconds in table.items():
+            assert rows.loc[chips, "time_to_train_s"] == pytest.approx(seconds, rel=0.005), (benchmark, chips)
     resnet = summary[(summary.version == "v0.6") & (summary.benchmark == "resnet")].set_index("chips")
-    for chips, seconds in V06_RESNET_BY_CHIPS.items():
-        assert resnet.loc[chips, "time_to_train_s"] == pytest.approx(seconds, rel=0.005), chips
     # larger global batch needs more epochs (catalog §1): 4k -> ~62, 32k -> ~74
     assert resnet.loc[16, "epochs"] < resnet.loc[1024, "epochs"]
 
