@@ -10,10 +10,12 @@ series), optionally the per-category times (``compute``, ``weight_update``, ``co
 Per category the model is the best of a few simple forms in N = chips (catalog §3.13, §2 cost models):
 ``constant`` (a), ``inverse`` (a + b/N: compute at a fixed global batch, constant at fixed per-core
 batch when b ~ 0), ``log`` (a + b log2 N: tree/torus collective latency), ``sqrt`` (a + b sqrt N: hop
-count across a 2-D torus) and ``linear`` (a + b N). With three or more runs the form with the smallest
-leave-one-out error wins; with two runs every two-parameter form fits exactly, so the cost-model
-prior of the category decides (constant when the two runs differ by < 2%). Projections are estimates
-and carry the fit's error.
+count across a 2-D torus), ``linear`` (a + b N) and ``power`` (a N^b). With three or more runs the form
+with the smallest leave-one-out error wins; with two runs every two-parameter form fits exactly, so the
+cost-model prior of the category decides (constant when the two runs differ by < 2%). When the per-core
+batch differs between runs, compute and input are fitted per example against the per-core batch
+(MXU efficiency, catalog §3.1) instead of N. Projections are estimates and carry the fit's error.
+See docs/scaling.md.
 """
 
 from __future__ import annotations
