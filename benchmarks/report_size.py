@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="keep trace, database and report here")
     parser.add_argument("--browser", action="store_true", help="also render in headless chromium")
+    parser.add_argument("--reuse", action="store_true", help="reuse OUT/bench.duckdb from an earlier run")
     args = parser.parse_args()
 
     tmp = tempfile.TemporaryDirectory(prefix="tpuanalyze-bench-report-")
@@ -38,18 +39,32 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
 
-    start = time.perf_counter()
-    run = generate(model=args.model, chips=args.chips, steps=args.steps, hosts=args.hosts, out=out / "trace")
-    timings["generate_s"] = time.perf_counter() - start
-
     db = out / "bench.duckdb"
-    start = time.perf_counter()
-    summary = ingest_paths([run], db)
-    timings["ingest_s"] = time.perf_counter() - start
+    if args.reuse and db.exists():
+        import duckdb
+
+        con = duckdb.connect(str(db), read_only=True)
+        run_ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+        events = con.execute("SELECT sum(num_events) FROM runs").fetchone()[0]
+        con.close()
+    else:
+        start = time.perf_counter()
+        run = generate(
+            model=args.model, chips=args.chips, steps=args.steps, hosts=args.hosts, out=out / "trace"
+        )
+        timings["generate_s"] = time.perf_counter() - start
+        print(f"generated {run} in {timings['generate_s']:.1f} s", file=sys.stderr)
+        db.unlink(missing_ok=True)
+        start = time.perf_counter()
+        summary = ingest_paths([run], db)
+        timings["ingest_s"] = time.perf_counter() - start
+        run_ids, events = summary.run_ids, summary.events
+        print(f"ingested {events:,} events in {timings['ingest_s']:.1f} s", file=sys.stderr)
 
     start = time.perf_counter()
-    analyses = analyze_db(db, summary.run_ids)
+    analyses = analyze_db(db, run_ids)
     timings["analyze_s"] = time.perf_counter() - start
+    print(f"analysed in {timings['analyze_s']:.1f} s", file=sys.stderr)
 
     start = time.perf_counter()
     document = render_html(analyses)
@@ -64,7 +79,7 @@ def main() -> int:
         "hosts": analysis.summary["hosts"],
         "devices": analysis.summary["devices"],
         "steps": analysis.summary["steps"],
-        "events": summary.events,
+        "events": events,
         "html_bytes": len(document.encode("utf-8")),
         "vendored_js_bytes": len(vendor_javascript().encode("utf-8")),
         "baseline_naive_step_rows_json_bytes": naive + len(vendor_javascript().encode("utf-8")),
