@@ -217,22 +217,26 @@ def _as_float(value: Any) -> float | None:
 
 def _pair(starts: list[LogEntry], stops: list[LogEntry], key: str) -> list[tuple[LogEntry | None,
                                                                                   LogEntry | None]]:
-    """Match start and stop entries by a metadata key (epoch), in order when the key is absent.
+    """Match each stop with the earliest open start before it carrying the same metadata key (epoch);
+    when either side lacks the key, with the earliest open start before it.
 
     Evaluations can overlap training and each other (asynchronous COCO eval in SSD), so pairing by
-    the epoch number is what keeps them apart.
+    the epoch number is what keeps them apart. Unmatched starts or stops stay as half-open pairs.
     """
-    pending: dict[Any, list[LogEntry]] = {}
-    for entry in starts:
-        pending.setdefault(entry.metadata.get(key), []).append(entry)
+    open_starts = sorted(starts, key=lambda entry: entry.time_ms)
+    used = [False] * len(open_starts)
     pairs: list[tuple[LogEntry | None, LogEntry | None]] = []
-    for stop in stops:
-        queue = pending.get(stop.metadata.get(key))
-        if not queue:
-            queue = pending.get(None) if stop.metadata.get(key) is not None else None
-        pairs.append((queue.pop(0) if queue else None, stop))
-    for queue in pending.values():
-        pairs.extend((start, None) for start in queue)
+    for stop in sorted(stops, key=lambda entry: entry.time_ms):
+        wanted = stop.metadata.get(key)
+        candidates = [i for i, start in enumerate(open_starts)
+                      if not used[i] and start.time_ms <= stop.time_ms]
+        same = [i for i in candidates if open_starts[i].metadata.get(key) == wanted]
+        loose = [i for i in candidates if wanted is None or open_starts[i].metadata.get(key) is None]
+        match = (same or loose or [None])[0]
+        if match is not None:
+            used[match] = True
+        pairs.append((open_starts[match] if match is not None else None, stop))
+    pairs.extend((start, None) for i, start in enumerate(open_starts) if not used[i])
     pairs.sort(key=lambda pair: (pair[0] or pair[1]).time_ms)  # type: ignore[union-attr]
     return pairs
 
