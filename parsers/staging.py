@@ -86,7 +86,7 @@ EVENT_COLUMNS = [
     "stats",
 ]
 
-CHUNK_EVENTS = 262_144  # events per Arrow batch: bounds memory, amortises per-batch overhead
+CHUNK_EVENTS = 65_536  # events per Arrow batch: bounds memory, amortises per-batch overhead
 
 
 @dataclass

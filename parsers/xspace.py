@@ -45,36 +45,54 @@ def host_name_for(path: Path) -> str:
     return name[: -len(XSPACE_SUFFIX)] if name.endswith(XSPACE_SUFFIX) else path.stem
 
 
-def _skeleton_class() -> type:
-    """XSpace message class whose ``XLine.events`` are raw bytes (decoded by ``parsers.wire``)."""
+def _skeleton_classes() -> dict[str, type]:
+    """XSpace message classes that leave the bulky repeated fields as raw bytes, one level at a time.
+
+    ``XSpace.planes``, ``XPlane.lines`` and ``XLine.events`` become ``repeated bytes``: the file is
+    held once as plane blobs, one plane and one line are expanded at a time, and events are decoded
+    from their bytes by ``parsers.wire`` (never one Python object per event).
+    """
     fdp = descriptor_pb2.FileDescriptorProto()
     xplane_pb2.DESCRIPTOR.CopyToProto(fdp)
     old, new = f".{fdp.package}.", ".tpuanalyze.xplane_skeleton."
     fdp.name, fdp.package = "tpuanalyze_xplane_skeleton.proto", "tpuanalyze.xplane_skeleton"
+    raw_fields = {("XSpace", "planes"), ("XPlane", "lines"), ("XLine", "events")}
     for message in fdp.message_type:
         for nested in [message, *message.nested_type]:
             for fld in nested.field:
                 if fld.type_name:
                     fld.type_name = fld.type_name.replace(old, new)
-                if message.name == "XLine" and fld.name == "events":
+                if (nested.name, fld.name) in raw_fields:
                     fld.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
                     fld.ClearField("type_name")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tpuanalyze.xplane_skeleton.XSpace"))
+    return {
+        name: message_factory.GetMessageClass(
+            pool.FindMessageTypeByName(f"tpuanalyze.xplane_skeleton.{name}")
+        )
+        for name in ("XSpace", "XPlane", "XLine")
+    }
 
 
-_XSpaceSkeleton = _skeleton_class()
+_SKELETON = _skeleton_classes()
 
 
-def parse_xspace(path: str | Path, skeleton: bool = False) -> Any:
-    """Parse and sanity-check one XSpace file; any problem is a one-line ``TraceFormatError``.
+def _parse_part(kind: str, data: bytes, path: str, where: str) -> Any:
+    message = _SKELETON[kind]()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as exc:
+        raise TraceFormatError(f"corrupt or truncated XSpace protobuf in {where} ({exc})", path) from None
+    except Exception as exc:  # upb may raise other errors on pathological input
+        raise TraceFormatError(f"cannot parse {where} as XSpace protobuf ({exc})", path) from None
+    if len(unknown_fields.UnknownFieldSet(message)):
+        raise TraceFormatError(f"corrupt XSpace: {where} has unknown fields", path)
+    return message
 
-    ``skeleton=True`` leaves each line's events as raw bytes (for the vectorised decoder).
-    Protobuf parsing of garbage can "succeed", so beyond DecodeError this refuses files whose top
-    level, planes or lines carry unknown fields, or that hold no named plane.
-    """
-    path = Path(path)
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, or a one-line ``TraceFormatError`` (missing, unreadable, empty, gzip)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -87,7 +105,19 @@ def parse_xspace(path: str | Path, skeleton: bool = False) -> Any:
         raise TraceFormatError("empty file", str(path))
     if data[:2] == b"\x1f\x8b":
         raise TraceFormatError("gzip-compressed data, not a raw XSpace protobuf", str(path))
-    space = _XSpaceSkeleton() if skeleton else xplane_pb2.XSpace()
+    return data
+
+
+def parse_xspace(path: str | Path) -> xplane_pb2.XSpace:
+    """Parse (fully, with the generated classes) and sanity-check one XSpace file.
+
+    For tests and tools; ingest uses ``XSpaceReader``. Any problem is a one-line ``TraceFormatError``.
+    Protobuf parsing of garbage can "succeed", so beyond DecodeError this refuses files whose top
+    level, planes or lines carry unknown fields, or that hold no named plane.
+    """
+    path = Path(path)
+    data = read_bytes(path)
+    space = xplane_pb2.XSpace()
     try:
         space.ParseFromString(data)
     except DecodeError as exc:
@@ -99,7 +129,7 @@ def parse_xspace(path: str | Path, skeleton: bool = False) -> Any:
     return space
 
 
-def _validate(space: Any, path: str) -> None:
+def _validate(space: xplane_pb2.XSpace, path: str) -> None:
     if len(unknown_fields.UnknownFieldSet(space)):
         raise TraceFormatError("not an XSpace protobuf (unknown top-level fields)", path)
     if not space.planes:
@@ -205,10 +235,12 @@ def _decode_stats(
 
 
 class XSpaceReader:
-    """One host's ``.xplane.pb``: parsed (skeleton) and validated on construction, streamed by plane.
+    """One host's ``.xplane.pb``: validated on construction, then streamed plane by plane.
 
-    ``t0_ns`` is the earliest ``timestamp_ns`` of a line with events; event ``start_ps`` values in
-    the batches are relative to it (the loader shifts them to the run's common t0).
+    Construction reads the file once as plane blobs and expands every plane and line once to
+    validate it and find ``t0_ns`` (the earliest ``timestamp_ns`` of a line with events); event
+    ``start_ps`` values in the batches are relative to it (the loader shifts them to the run's t0).
+    Memory: the file's bytes plus one expanded line at a time.
     """
 
     source_format = "xspace"
@@ -217,23 +249,49 @@ class XSpaceReader:
         self.path = Path(path)
         self.host = host or host_name_for(self.path)
         self.file_path = str(self.path.resolve())
-        self.file_bytes = self.path.stat().st_size
-        self.space = parse_xspace(self.path, skeleton=True)
-        stamps = [ln.timestamp_ns for p in self.space.planes for ln in p.lines if len(ln.events)]
-        self.t0_ns: int | None = min(stamps) if stamps else None
-        self.num_events = sum(len(ln.events) for p in self.space.planes for ln in p.lines)
-        self.hostnames = list(self.space.hostnames)
-        self.errors = list(self.space.errors)
-        self.warnings = list(self.space.warnings)
+        data = read_bytes(self.path)
+        self.file_bytes = len(data)
+        where = str(self.path)
+        space = _parse_part("XSpace", data, where, "the file")
+        del data
+        if not space.planes:
+            raise TraceFormatError("XSpace holds no planes", where)
+        self.hostnames = list(space.hostnames)
+        self.errors = list(space.errors)
+        self.warnings = list(space.warnings)
         self.metadata: dict[str, Any] = {}
+        self._planes: list[bytes] | None = list(space.planes)
+        del space
+        names: list[str] = []
+        stamps: list[int] = []
+        self.num_events = 0
+        for index, blob in enumerate(self._planes):
+            plane = _parse_part("XPlane", blob, where, f"plane #{index}")
+            names.append(plane.name)
+            for line_index, line_blob in enumerate(plane.lines):
+                line = _parse_part("XLine", line_blob, where, f"line #{line_index} of plane {plane.name!r}")
+                if len(line.events):
+                    stamps.append(line.timestamp_ns)
+                    self.num_events += len(line.events)
+        if not any(names):
+            raise TraceFormatError("not an XSpace protobuf (no plane has a name)", where)
+        self.t0_ns: int | None = min(stamps) if stamps else None
 
     def release(self) -> None:
-        """Drop the parsed file (memory) once streamed."""
-        self.space = None
+        """Drop the file's bytes once streamed."""
+        self._planes = None
 
     def planes(self) -> Iterator[PlaneData]:
-        for plane_index, plane in enumerate(self.space.planes):
-            yield self._plane(plane_index, plane)
+        if self._planes is None:
+            raise RuntimeError("XSpaceReader already released")
+        for plane_index, blob in enumerate(self._planes):
+            yield self._plane(
+                plane_index, _parse_part("XPlane", blob, self.file_path, f"plane #{plane_index}")
+            )
+
+    def _lines(self, plane: Any) -> Iterator[Any]:
+        for line_index, blob in enumerate(plane.lines):
+            yield _parse_part("XLine", blob, self.file_path, f"line #{line_index} of plane {plane.name!r}")
 
     def _plane(self, plane_index: int, plane: Any) -> PlaneData:
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
@@ -242,7 +300,8 @@ class XSpaceReader:
         if plane.name == "Task Environment":
             self.metadata.update({k: v for k, v in plane_stats.items() if k.startswith("profile_")})
         lines: dict[str, list[Any]] = {f.name: [] for f in LINE_SCHEMA}
-        for line_index, line in enumerate(plane.lines):
+        module_ids: set[int] = set()
+        for line_index, line in enumerate(self._lines(plane)):
             lines["line_index"].append(line_index)
             lines["line_id"].append(line.id)
             lines["display_id"].append(line.display_id)
@@ -251,7 +310,9 @@ class XSpaceReader:
             lines["timestamp_ns"].append(line.timestamp_ns)
             lines["duration_ps"].append(line.duration_ps)
             lines["num_events"].append(len(line.events))
-        metadata = self._metadata(plane, stat_names)
+            if line.name == "XLA Modules" and len(line.events):
+                module_ids.update(np.unique(self._decode_chunk(list(line.events))[0]).tolist())
+        metadata = self._metadata(plane, stat_names, module_ids)
         info = PlaneInfo(
             plane_index=plane_index,
             plane_id=plane.id,
@@ -269,19 +330,15 @@ class XSpaceReader:
             info=info,
             lines=pa.Table.from_pydict(lines, schema=LINE_SCHEMA),
             metadata=metadata,
-            batches=self._batches(plane, stat_names, metadata),
+            batches=self._batches(plane, stat_names, metadata, lines["name"]),
         )
 
-    def _metadata(self, plane: Any, stat_names: dict[int, str]) -> pa.Table:
+    def _metadata(self, plane: Any, stat_names: dict[int, str], module_ids: set[int]) -> pa.Table:
         """Event metadata of a plane; ``hlo_module`` filled for XLA modules and their ops.
 
         An 'XLA Modules' event's name is the module; an op whose ``program_id`` matches a module's
         ``name(program_id)`` suffix inherits that module name.
         """
-        module_ids: set[int] = set()
-        for line in plane.lines:
-            if line.name == "XLA Modules" and len(line.events):
-                module_ids.update(np.unique(self._decode_chunk(list(line.events))[0]).tolist())
         rows = []
         modules_by_program: dict[int, str] = {}
         for md_id, md in plane.event_metadata.items():
@@ -320,14 +377,15 @@ class XSpaceReader:
             fields,
         )
 
-    def _batches(self, plane: Any, stat_names: dict[int, str], metadata: pa.Table) -> Iterator[pa.Table]:
-        line_names = [line.name for line in plane.lines]
+    def _batches(
+        self, plane: Any, stat_names: dict[int, str], metadata: pa.Table, line_names: list[str]
+    ) -> Iterator[pa.Table]:
         base_ns = self.t0_ns or 0
         pending: list[bytes] = []
         pending_lines: list[np.ndarray] = []
         pending_base: list[np.ndarray] = []
         count = 0
-        for line_index, line in enumerate(plane.lines):
+        for line_index, line in enumerate(self._lines(plane)):
             events = line.events
             total = len(events)
             for lo in range(0, total, CHUNK_EVENTS):
@@ -339,6 +397,7 @@ class XSpaceReader:
                 if count >= CHUNK_EVENTS:
                     yield self._batch(pending, pending_lines, pending_base, line_names, stat_names, metadata)
                     pending, pending_lines, pending_base, count = [], [], [], 0
+            del events, line
         if count:
             yield self._batch(pending, pending_lines, pending_base, line_names, stat_names, metadata)
 
@@ -352,7 +411,7 @@ class XSpaceReader:
         metadata: pa.Table,
     ) -> pa.Table:
         md_ids, offsets, durations, occurrences, has_occ, buf, fields = self._decode_chunk(raw)
-        del raw
+        raw.clear()
         stats = None
         owner, start, length = fields.select(4, 2)
         if len(owner):
@@ -360,6 +419,7 @@ class XSpaceReader:
                 stats = _decode_stats(buf, owner, start.astype(np.int64), length, stat_names)
             except wire.WireError as exc:
                 raise TraceFormatError(f"corrupt XSpace event stats: {exc}", self.file_path) from None
+        del fields
         return event_batch(
             line_index=np.concatenate(lines),
             line_names=line_names,

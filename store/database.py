@@ -29,11 +29,24 @@ def connect(db_path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConn
         raise TpuAnalyzeError(f"cannot open database: {_first_line(exc)}", str(path)) from None
     if not read_only:
         try:
+            _add_missing_columns(con)
             con.execute(schema_sql())
         except duckdb.Error as exc:
             con.close()
             raise TpuAnalyzeError(f"cannot create schema: {_first_line(exc)}", str(path)) from None
     return con
+
+
+def _add_missing_columns(con: duckdb.DuckDBPyConnection) -> None:
+    """Bring a database written by an older tpuanalyze up to the current events columns."""
+    columns = {
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'events'"
+        ).fetchall()
+    }
+    if columns and "metadata_id" not in columns:
+        con.execute("ALTER TABLE events ADD COLUMN metadata_id BIGINT")
 
 
 def run_ids(con: duckdb.DuckDBPyConnection) -> list[int]:

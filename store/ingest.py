@@ -9,6 +9,8 @@ Parsed files are kept between the passes while they fit ``KEEP_BYTES``, else re-
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,35 +153,126 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
     return summary
 
 
-def _store(plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch) -> None:
-    con = connect(db_path)
-    try:
-        con.execute("BEGIN TRANSACTION")
+RUN_TABLES = ("runs", "hosts", "planes", "lines", "event_metadata", "events")
+STAGING_MEMORY_LIMIT = "256MB"
+STAGE_COMMIT_EVENTS = 250_000
+
+
+def _staging_path(db_path: Path) -> Path:
+    """A fresh file beside the database (same filesystem) for the staged runs."""
+    fd, name = tempfile.mkstemp(prefix=f".{db_path.name}.staging-", suffix=".duckdb", dir=db_path.parent)
+    os.close(fd)
+    os.unlink(name)  # DuckDB must create the file itself
+    return Path(name)
+
+
+def _remove(path: Path) -> None:
+    for candidate in (path, path.with_name(path.name + ".wal")):
         try:
-            for plan in plans:
-                old = con.execute(
-                    "SELECT run_id FROM runs WHERE source_path = ? ORDER BY run_id", [plan.source_path]
-                ).fetchall()
-                for (old_id,) in old:
-                    delete_run(con, old_id)
-                    summary.replaced_run_ids.append(old_id)
-                run_id = new_run_id(con)
-                counts = insert_run(con, plan, run_id, on_batch)
-                summary.run_ids.append(run_id)
-                summary.planes += counts.planes
-                summary.events += counts.events
-            con.execute("COMMIT")
-        except BaseException as exc:
-            con.execute("ROLLBACK")
-            summary.run_ids.clear()
-            summary.replaced_run_ids.clear()
-            if isinstance(exc, duckdb.Error):
-                text = str(exc).strip()
-                first = text.splitlines()[0] if text else type(exc).__name__
-                raise TpuAnalyzeError(f"loading failed, database unchanged: {first}", str(db_path)) from None
-            raise
+            candidate.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _stage(plans: list[RunPlan], staging: Path, on_batch) -> list[tuple[int, int, int]]:
+    """Load every run into a scratch database, batch by batch in small transactions.
+
+    Memory stays bounded (DuckDB keeps a big uncommitted transaction's rows in memory, so the
+    scratch database commits every ``STAGE_COMMIT_EVENTS``), and the real database is not touched.
+    Returns (local run id, planes, events) per run.
+    """
+    con = connect(staging)
+    try:
+        con.execute(f"SET memory_limit = '{STAGING_MEMORY_LIMIT}'")
+        pending = 0
+
+        def batch_done(rows: int) -> None:
+            # Commit every STAGE_COMMIT_EVENTS: few enough commits to be cheap, small enough a
+            # transaction that DuckDB's in-memory uncommitted rows stay bounded.
+            nonlocal pending
+            pending += rows
+            if pending >= STAGE_COMMIT_EVENTS:
+                con.execute("COMMIT")
+                con.execute("BEGIN TRANSACTION")
+                pending = 0
+            if on_batch:
+                on_batch(rows)
+
+        counts = []
+        con.execute("BEGIN TRANSACTION")
+        for local_id, plan in enumerate(plans, start=1):
+            result = insert_run(con, plan, local_id, batch_done)
+            counts.append((local_id, result.planes, result.events))
+        con.execute("COMMIT")
+        con.execute("CHECKPOINT")
+        return counts
     finally:
         con.close()
+
+
+def _columns(con: duckdb.DuckDBPyConnection, catalog: str, table: str) -> list[str]:
+    rows = con.execute(
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_catalog = ? AND table_name = ? ORDER BY ordinal_position",
+        [catalog, table],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _store(plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch) -> None:
+    """Stage the runs, then move them into the database in ONE transaction (replacing old runs)."""
+    db_path = Path(db_path)
+    if db_path.parent and not db_path.parent.is_dir():
+        raise TpuAnalyzeError("directory of the database does not exist", str(db_path))
+    staging = _staging_path(db_path)
+    try:
+        counts = _stage(plans, staging, on_batch)
+        con = connect(db_path)
+        try:
+            main = con.execute("SELECT current_database()").fetchall()[0][0]
+            con.execute(f"ATTACH '{staging}' AS staging (READ_ONLY)")
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for plan, (local_id, planes, events) in zip(plans, counts, strict=True):
+                    old = con.execute(
+                        "SELECT run_id FROM runs WHERE source_path = ? ORDER BY run_id", [plan.source_path]
+                    ).fetchall()
+                    for (old_id,) in old:
+                        delete_run(con, old_id)
+                        summary.replaced_run_ids.append(old_id)
+                    run_id = new_run_id(con)
+                    for table in RUN_TABLES:
+                        columns = [
+                            c for c in _columns(con, "staging", table) if c in _columns(con, main, table)
+                        ]
+                        select = ", ".join(
+                            f"{int(run_id)} AS run_id" if c == "run_id" else f'"{c}"' for c in columns
+                        )
+                        names = ", ".join(f'"{c}"' for c in columns)
+                        con.execute(
+                            f'INSERT INTO "{table}" ({names}) SELECT {select} FROM staging."{table}" '
+                            "WHERE run_id = ?",
+                            [local_id],
+                        )
+                    summary.run_ids.append(run_id)
+                    summary.planes += planes
+                    summary.events += events
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                summary.run_ids.clear()
+                summary.replaced_run_ids.clear()
+                raise
+            finally:
+                con.execute("DETACH staging")
+        finally:
+            con.close()
+    except duckdb.Error as exc:
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        raise TpuAnalyzeError(f"loading failed, database unchanged: {first}", str(db_path)) from None
+    finally:
+        _remove(staging)
 
 
 @dataclass
