@@ -116,7 +116,7 @@ def step_costs(model: Model, cfg: Preset, topo: Topology, scen: Scenario) -> Ste
     wu_params = model.params / partition / (replicas if scen.wu_sharded else 1)
     wu_ms = wu_params * model.wu_bytes_per_param / (HBM_GBPS_PER_CORE * 1e9 * HBM_EFFICIENCY) * 1e3
 
-    infeed_bytes = padded * partition * model.input_bytes_per_example / partition
+    infeed_bytes = padded * model.input_bytes_per_example  # a partitioned core gets its slice
     infeed_ms = 0.015 + infeed_bytes / 50e9 * 1e3  # dequeue of prefetched data [est]
     outfeed_ms = 0.008
     examples_per_host = global_batch / topo.hosts

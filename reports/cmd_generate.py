@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 from tpuanalyze.generator import MODELS, SCENARIOS, generate
+from tpuanalyze.reports.progress import progress_bar
 
 
 @click.command(name="generate")
@@ -38,7 +39,15 @@ def command(
     model: str, chips: int, steps: int, hosts: int | None, scenario: str, seed: int, out: Path
 ) -> None:
     """Generate a TPU-v3 pod trace calibrated to the MLPerf runs, with exact ground truth."""
-    run_dir = generate(model, chips, steps=steps, hosts=hosts, scenario=scenario, seed=seed, out=out)
+    with progress_bar(total=None, description="generate hosts") as bar:
+
+        def report(done: int, total: int) -> None:
+            bar.set_total(total)
+            bar.advance(1)
+
+        run_dir = generate(
+            model, chips, steps=steps, hosts=hosts, scenario=scenario, seed=seed, out=out, progress=report
+        )
     truth = json.loads((run_dir / "ground_truth.json").read_text())
     shares = ", ".join(f"{k} {v:.1%}" for k, v in truth["breakdown"].items() if v >= 0.005)
     click.echo(
