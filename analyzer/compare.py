@@ -128,13 +128,17 @@ def _looks_like_db(path: Path) -> bool:
 def _lookup(con: duckdb.DuckDBPyConnection, ref: str, db_label: str) -> list[tuple[int, str]]:
     """Run ids for a reference: a run id, a run name, or a source path (exact)."""
     if ref.strip().isdigit():
-        rows = con.execute("SELECT run_id, name FROM runs WHERE run_id = ?", [int(ref)]).fetchall()
+        rows = con.execute("SELECT run_id, name, source_format FROM runs WHERE run_id = ?",
+                           [int(ref)]).fetchall()
     else:
         rows = con.execute(
-            "SELECT run_id, name FROM runs WHERE name = ? OR source_path = ? ORDER BY run_id",
+            "SELECT run_id, name, source_format FROM runs WHERE name = ? OR source_path = ? ORDER BY run_id",
             [ref, str(Path(ref).resolve()) if ref else ref]).fetchall()
     if not rows:
         raise TpuAnalyzeError(f"no run '{ref}' in the database", db_label)
+    if any(r[2] == "mlperf" for r in rows):
+        raise TpuAnalyzeError(f"run '{ref}' is an MLPerf result folder, not a trace (see tpuanalyze mlperf)",
+                              db_label)
     return [(int(r[0]), str(r[1])) for r in rows]
 
 
