@@ -408,7 +408,7 @@ def input_wait_chart(input_frame: pd.DataFrame) -> alt.Chart | None:
     ]
     x = alt.X(
         "host:N",
-        sort=alt.EncodingSortField("max_ms", order="descending"),
+        sort=per_host["host"].tolist(),  # explicit order: both layers agree (a field sort would conflict)
         title=f"host (the {per_host.shape[0]} with most input wait)",
         axis=alt.Axis(labelAngle=-60),
     )

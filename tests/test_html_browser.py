@@ -60,6 +60,7 @@ def test_generated_pod_report_renders_offline_with_findings(tmp_path: Path) -> N
     assert "<script src" not in document.lower() and "@import" not in document
     page = browser.render(out)
     _check_rendered(page, document)
+    assert page.status["warnings"] == [], page.status["warnings"]  # Vega-Lite has nothing to complain about
     # Findings: each card present after rendering, with evidence, recommendation and gain.
     from tpuanalyze.analyzer.api import analyze_db
 
@@ -130,3 +131,8 @@ def test_html_size_grows_slowly_with_hosts_and_stays_under_10mb_at_256(tmp_path:
     projected_256 = sizes[11] + per_host * (256 - 11)
     assert projected_256 < 10e6, (sizes, projected_256)
     assert per_host < 20_000, sizes  # a heatmap row and an input bar, not events
+    if browser.find_chromium() is not None:  # the per-host variants of the charts render cleanly too
+        out = tmp_path / "h11.html"
+        page = browser.render(out)
+        _check_rendered(page, out.read_text())
+        assert page.status["warnings"] == [], page.status["warnings"]
