@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.compare import RunComparison, RunLoader, compare_runs
+from tpuanalyze.reports.cmd_mlperf import wide_console
 
 from tpuanalyze.errors import TpuAnalyzeError
 
@@ -76,7 +77,7 @@ def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None,
                                       "per argument (use DB:RUN)", spec)
             loaded_runs.append(loaded[0])
         comparison = compare_runs(loaded_runs[0], loaded_runs[1], top=top)
-    render(comparison, Console())
+    render(comparison, wide_console())
     if json_path is not None:
         json_path.write_text(json.dumps(comparison.to_json(), indent=2, default=str))
     if fail_pct is not None and comparison.slower_pct > fail_pct:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import click
@@ -14,6 +15,14 @@ from rich.table import Table
 from tpuanalyze.analyzer.mlperf_summary import summarize_db, summarize_paths
 
 from tpuanalyze.errors import TpuAnalyzeError
+
+
+def wide_console() -> Console:
+    """A console for wide tables: piped output (no terminal, no COLUMNS) gets 200 columns, not 80."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=200)
+    return console
 
 
 def _fmt(value, spec: str = "{}", missing: str = "-") -> str:
@@ -99,7 +108,7 @@ def command(paths: tuple[Path, ...], db_path: Path | None, json_path: Path | Non
     summary = pd.concat(frames, ignore_index=True).drop_duplicates("folder")
     if summary.empty:
         raise TpuAnalyzeError("no MLPerf results found", str(db_path or paths[0]))
-    console = Console()
+    console = wide_console()
     console.print(summary_table(summary))
     pivot = scaling_pivot(summary)
     if not pivot.empty:

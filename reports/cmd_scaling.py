@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.compare import LoadedRun, RunLoader, step_categories_ms
 from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling
+from tpuanalyze.reports.cmd_mlperf import wide_console
 
 from tpuanalyze.errors import TpuAnalyzeError
 
@@ -225,7 +226,7 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
                                             project_to=list(project)))
     if not analyses:
         raise TpuAnalyzeError("no workload measured at 2 or more chip counts", str(db_path or ""))
-    console = Console()
+    console = wide_console()
     for analysis in analyses:
         render(analysis, console)
     if json_path is not None:
