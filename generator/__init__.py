@@ -199,13 +199,22 @@ def generate(
     res = truth.result()
     op_ms = {c: float(cat_time_ps[i]) / PS_PER_MS / truth.cores / steps for i, c in enumerate(categories)}
     visibility = check_visibility(
-        scen, res["mean"], op_ms, infeed_ps, train, costs, host_processing=scen.host_processing_share
+        res["exposed_by_kind"],
+        scen,
+        res["mean"],
+        op_ms,
+        infeed_ps,
+        train,
+        costs,
+        host_processing=scen.host_processing_share,
     )
     step_ms = float(np.mean(step_ends - step_starts)) / PS_PER_MS
     gt = {
         "step_time_ms": step_ms,
         "breakdown": {k: res["mean"][k] for k in BREAKDOWN_KEYS},
         "collectives_overlapped": res["mean"]["collectives_overlapped"],
+        # exposed collective time by hlo_category (sums to breakdown.collectives)
+        "collectives_exposed_by_kind": res["exposed_by_kind"],
         "breakdown_min": {k: res["min"][k] for k in BREAKDOWN_KEYS},
         "breakdown_max": {k: res["max"][k] for k in BREAKDOWN_KEYS},
         "scenario": scen.name,

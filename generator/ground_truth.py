@@ -12,16 +12,23 @@ from __future__ import annotations
 import numpy as np
 
 CATEGORIES = ("eval", "weight_update", "compute", "collectives", "input", "output")
+COLLECTIVE_KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 BREAKDOWN_KEYS = ("compute", "weight_update", "collectives", "input", "output", "eval", "idle")
 
 
 def sweep(
-    starts: np.ndarray, ends: np.ndarray, cats: np.ndarray, step_bounds: np.ndarray
+    starts: np.ndarray,
+    ends: np.ndarray,
+    cats: np.ndarray,
+    step_bounds: np.ndarray,
+    collective_kind: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Attribute intervals to categories for several cores at once.
 
     starts, ends: (n, W) interval bounds in ps (one column per core); cats: (n,) index into CATEGORIES.
     step_bounds: (S, 2) Steps event [start, end) in ps, the same on every written core.
+    collective_kind: (n,) index into COLLECTIVE_KINDS for collective intervals (-1 otherwise); exposed
+    collective time is then also split by kind, the first active in COLLECTIVE_KINDS order winning.
     Returns ps totals per category and core (W,), plus per-step totals (S, W) under "step_<cat>".
     """
     n, w = starts.shape
@@ -47,6 +54,14 @@ def sweep(
     for c, name in enumerate(CATEGORIES):
         out[name] = np.where(choice == c, seg, 0).sum(axis=0)
     out["collectives_overlapped"] = np.where(overlapped, seg, 0).sum(axis=0)
+    if collective_kind is not None:
+        kind_s = np.concatenate([collective_kind, collective_kind])[order]
+        exposed = choice == CATEGORIES.index("collectives")
+        taken = np.zeros_like(exposed)
+        for k, name in enumerate(COLLECTIVE_KINDS):
+            on = (np.cumsum(np.where(kind_s == k, delta_s, 0), axis=0)[:-1] > 0) & exposed & ~taken
+            out["exposed_" + name] = np.where(on, seg, 0).sum(axis=0)
+            taken |= on
     s_count = step_bounds.shape[0]
     # flat (step, core) bin per segment; segments outside every Steps event go to bin row s_count
     bins = (np.where(step_idx >= 0, step_idx, s_count) * w + np.arange(w)).ravel()
@@ -81,6 +96,9 @@ class TruthAccumulator:
             fr = {name: float(res[name][i]) / self.wall for name in CATEGORIES}
             fr["idle"] = 1.0 - sum(fr.values())
             fr["collectives_overlapped"] = float(res["collectives_overlapped"][i]) / self.wall
+            for name in COLLECTIVE_KINDS:
+                if "exposed_" + name in res:
+                    fr["exposed_" + name] = float(res["exposed_" + name][i]) / self.wall
             fr["host"] = host
             fr["device_ordinal"] = ordinal
             self.per_core.append(fr)
@@ -105,4 +123,7 @@ class TruthAccumulator:
                 busy += v if name != "collectives_overlapped" else 0.0
             row["idle"] = 1.0 - busy
             per_step.append(row)
-        return {"mean": mean, "min": lo, "max": hi, "per_step": per_step}
+        exposed = {
+            k: float(np.mean([c.get("exposed_" + k, 0.0) for c in self.per_core])) for k in COLLECTIVE_KINDS
+        }
+        return {"mean": mean, "min": lo, "max": hi, "per_step": per_step, "exposed_by_kind": exposed}

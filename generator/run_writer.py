@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tpuanalyze.generator.ground_truth import CATEGORIES, sweep
+from tpuanalyze.generator.ground_truth import CATEGORIES, COLLECTIVE_KINDS, sweep
 from tpuanalyze.generator.program import Program
 from tpuanalyze.generator.scenarios import Scenario
 from tpuanalyze.generator.timeline import Schedule
@@ -74,6 +74,15 @@ class HostWriter:
     def __post_init__(self) -> None:
         self.categories = sorted({o.category for o in self.train.ops})
         self._train_cat = np.array([self.categories.index(o.category) for o in self.train.ops])
+        self._coll = {
+            p: np.array(
+                [
+                    COLLECTIVE_KINDS.index(o.category) if o.category in COLLECTIVE_KINDS else -1
+                    for o in prog.ops
+                ]
+            )
+            for p, prog in ((0, self.train), (1, self.evalp))
+        }
         self._kinds = {
             0: np.array([KIND_INDEX[o.kind] for o in self.train.ops]),
             1: np.array([KIND_INDEX[o.kind] for o in self.evalp.ops]),
@@ -143,7 +152,10 @@ class HostWriter:
                 np.full(int(ev.sum()), KIND_INDEX["eval"]),
             ]
         )
-        swept = sweep(gt_s, gt_e, gt_c, np.stack([self.step_starts, self.step_ends], axis=1))
+        coll = [self._coll[seg.program] for seg in self.sched.segments]
+        coll_async = [self._coll[seg.program][seg.async_ops] for seg in self.sched.segments if seg.async_ops]
+        gt_k = np.concatenate(coll + coll_async + [np.full(int(ev.sum()), -1)])
+        swept = sweep(gt_s, gt_e, gt_c, np.stack([self.step_starts, self.step_ends], axis=1), gt_k)
         # op time per hlo_category in train steps (XLA Ops line), for the visibility checks
         train_rows = o["train"]
         cat_time = np.bincount(

@@ -15,6 +15,7 @@ def _all_reduce_stats(train: Program) -> tuple[int, float]:
 
 
 def check_visibility(
+    exposed_by_kind: dict[str, float],
     scen: Scenario,
     mean: dict,
     op_ms: dict,
@@ -43,8 +44,10 @@ def check_visibility(
         ),
         "outfeed-bound": ("output fraction", mean["output"], 0.05),  # catalog §3.10
         "f32-gradient-allreduce": (
-            "exposed collectives with f32 gradients",  # catalog §3.4
-            mean["collectives"] if scen.grad_dtype == "f32" else 0.0,
+            "exposed gradient all-reduce/reduce-scatter/all-gather with f32 gradients",  # catalog §3.4
+            sum(exposed_by_kind[k] for k in ("all-reduce", "reduce-scatter", "all-gather"))
+            if scen.grad_dtype == "f32"
+            else 0.0,
             0.06,
         ),
         "latency-bound-collectives": (

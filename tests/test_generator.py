@@ -173,6 +173,8 @@ def test_ground_truth_is_reproduced_from_the_written_files(run: Path) -> None:
         for k in KEYS:
             assert mine[k] == pytest.approx(core[k], abs=1e-9), k
         assert mine["overlapped"] == pytest.approx(core["collectives_overlapped"], abs=1e-9)
+        exposed = sum(v for k, v in core.items() if k.startswith("exposed_"))
+        assert exposed == pytest.approx(core["collectives"], abs=1e-9)  # split by kind, nothing lost
     steps = [e.duration_ps for e in xs.planes[0].lines[0].events]
     assert truth["step_time_ms"] == pytest.approx(np.mean(steps) / 1e9, rel=1e-9)
 
