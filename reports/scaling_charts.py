@@ -200,6 +200,17 @@ def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze s
         parts.append(f"<h2>{_html.escape(analysis.workload or 'series')}</h2>")
         parts.append(analysis.measured.to_html(index=False, float_format=lambda v: f"{v:.4g}",
                                                classes="measured"))
+        fits = pd.DataFrame([{"category": c, "form": f.form, "model": f.formula, "in-sample rms": f.rms_error,
+                              "leave-one-out rms": f.loo_error} for c, f in analysis.fits.items()])
+        parts.append("<h3>Fitted model per category</h3>")
+        parts.append(fits.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"))
+        parts.append("<h3>Projection (estimates from the fitted model, not measurements)</h3>")
+        parts.append(analysis.projection.to_html(index=False, float_format=lambda v: f"{v:.4g}"))
+        if analysis.holdout and "relative_error" in analysis.holdout:
+            h = analysis.holdout
+            parts.append(f"<p>Held-out check: fitted on {h['fitted_on_chips']} chips, predicts "
+                         f"{h['predicted']:.4g} {analysis.unit} at {h['chips']} chips vs measured "
+                         f"{h['measured']:.4g} ({h['relative_error']:+.1%}).</p>")
         for finding in analysis.findings:
             parts.append(f"<p><b>{finding['rule']}</b> ({finding['severity']}): "
                          f"{_html.escape(finding['evidence']['summary'])}. "
