@@ -202,11 +202,21 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
                 thresholds: Mapping[str, Any] | str | Path | None = None) -> RunAnalysis:
     """Attribute one run's step time and evaluate the catalog rules. Works on read-only connections
     (intermediate relations are TEMP tables ``ta_*`` of this connection)."""
-    from tpuanalyze.analyzer.findings import evaluate_findings  # late: findings imports api helpers
-
     config = load_thresholds(thresholds)
     run = _run_row(con, run_id)
-    rel = materialize_run(con, run_id, config)
+    progress = con.execute("SELECT current_setting('enable_progress_bar')").fetchall()[0][0]
+    con.execute("SET enable_progress_bar = false")  # no DuckDB bars on the user's stdout
+    try:
+        rel = materialize_run(con, run_id, config)
+        return _analyze(con, run_id, run, config, rel)
+    finally:
+        con.execute(f"SET enable_progress_bar = {'true' if progress else 'false'}")
+
+
+def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], config: dict[str, Any],
+             rel: dict[str, str]) -> RunAnalysis:
+    from tpuanalyze.analyzer.findings import evaluate_findings  # late: findings imports api helpers
+
     steps = steps_frame(con, rel)
     per_core = per_core_frame(con, rel)
     per_host = per_host_frame(con, rel)

@@ -30,6 +30,7 @@ def load_stages() -> list[tuple[str, str]]:
 
 
 STAGE_NAMES = [name for name, _ in load_stages()]
+LAZY_STAGES = {"op_steps"}
 
 
 def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, str]) -> dict[str, str]:
@@ -55,8 +56,10 @@ def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[st
         table = f"{prefix}{name}"
         # e.run_id in joins is qualified by the USING clause; a bare run_id predicate is unambiguous
         sql = Template(body).safe_substitute(_substitutions(config, f"run_id = {int(run_id)}", relation))
+        # op_steps is one row per op: a view (filters push into it) rather than a copy of every op
+        kind = "VIEW" if name in LAZY_STAGES else "TABLE"
         try:
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {sql}").fetchall()
+            con.execute(f"CREATE OR REPLACE TEMP {kind} {table} AS {sql}").fetchall()
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage {name} failed: {exc}") from exc
         relation[name] = table

@@ -27,7 +27,7 @@ WHERE $run_filter;
 -- One row per device op: the attribution device (host, device), its category and collective kind.
 -- Accelerators: TPU 'XLA Ops' lines, GPU 'Stream #...' lines, plus collective spans of 'Async XLA Ops'.
 -- Host-only runs: XLA CPU op events (stat hlo_op) on host threads, device = their device_ordinal stat.
-WITH raw AS (
+WITH raw AS MATERIALIZED (
     SELECT e.run_id, e.host, e.device_ordinal AS device, e.plane, e.line, e.name,
            coalesce(nullif(e.display_name, ''), e.name) AS short_name,
            e.hlo_category, e.hlo_module, e.program_id, e.tf_op, e.shape, e.flops, e.bytes_accessed,
@@ -63,15 +63,24 @@ WITH raw AS (
     WHERE $run_filter AND r.is_kineto
       AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
       AND e.duration_ps > 0
+), combos AS (
+    -- classify each distinct (name, category, tf_op, module) once, not every event (regexes are costly)
+    SELECT DISTINCT short_name, hlo_category, tf_op, hlo_module FROM raw
 ), kinded AS (
-    SELECT *, $collective_kind AS collective_kind FROM raw
+    SELECT *, $collective_kind AS collective_kind FROM combos
+), classified AS (
+    SELECT *, $op_category AS category,
+           -- control-flow containers (while/conditional/call) enclose their body ops (see att_intervals)
+           regexp_matches(lower(short_name), '^(while|conditional|call)([.]|$)') AS is_container
+    FROM kinded
 )
-SELECT *, $op_category AS category,
-       -- control-flow containers (while/conditional/call) enclose their body ops: not attributed
-       regexp_matches(lower(short_name), '^(while|conditional|call)([.]|$)') AS is_container
-FROM kinded
+SELECT r.*, c.collective_kind, c.category, c.is_container
+FROM raw r
+JOIN classified c
+  ON r.short_name IS NOT DISTINCT FROM c.short_name AND r.hlo_category IS NOT DISTINCT FROM c.hlo_category
+ AND r.tf_op IS NOT DISTINCT FROM c.tf_op AND r.hlo_module IS NOT DISTINCT FROM c.hlo_module
 -- the async line only contributes collective spans (async copies there are not core-busy time)
-WHERE line <> 'Async XLA Ops' OR collective_kind IS NOT NULL;
+WHERE r.line <> 'Async XLA Ops' OR c.collective_kind IS NOT NULL;
 
 -- stage: att_steps
 -- One row per device step: Steps line events on device planes; else XLA module executions on device
@@ -172,46 +181,47 @@ UNION ALL SELECT run_id, host, device, 'step', NULL, start_ps, end_ps FROM $att_
 -- Boundary sweep: +1/-1 per category at every start/end, running sums in time order per device, and
 -- for each elementary interval [ts, next_ts) the highest-priority active category, the active
 -- collective kinds, and the step it lies in (ASOF join on the step start; step bounds are boundaries).
-WITH points AS (
-    SELECT run_id, host, device, category, kind, start_ps AS ts, 1 AS delta FROM $att_intervals
+-- The counters are packed 15 bits each into two HUGEINTs (categories; collective kinds) so the window
+-- computes two running sums instead of fourteen; a counter is the number of ops of that category active
+-- at once on one device, far below 2^15.
+WITH codes AS (
+    SELECT *,
+           CASE category WHEN 'eval' THEN 0 WHEN 'weight_update' THEN 1 WHEN 'compute' THEN 2
+                         WHEN 'collectives' THEN 3 WHEN 'input' THEN 4 WHEN 'output' THEN 5
+                         WHEN 'step' THEN 6 WHEN 'container' THEN 7 END AS cat_bit,
+           CASE kind WHEN 'all-reduce' THEN 0 WHEN 'all-gather' THEN 1 WHEN 'reduce-scatter' THEN 2
+                     WHEN 'all-to-all' THEN 3 WHEN 'collective-permute' THEN 4 WHEN 'send/recv' THEN 5
+                     END AS kind_bit
+    FROM $att_intervals
+), points AS (
+    SELECT run_id, host, device, start_ps AS ts,
+           (1::HUGEINT << (15 * cat_bit)) AS dc,
+           CASE WHEN kind_bit IS NULL THEN 0::HUGEINT ELSE (1::HUGEINT << (15 * kind_bit)) END AS dk
+    FROM codes
     UNION ALL
-    SELECT run_id, host, device, category, kind, end_ps, -1 FROM $att_intervals
+    SELECT run_id, host, device, end_ps,
+           -(1::HUGEINT << (15 * cat_bit)),
+           CASE WHEN kind_bit IS NULL THEN 0::HUGEINT ELSE -(1::HUGEINT << (15 * kind_bit)) END
+    FROM codes
 ), net AS (
-    SELECT run_id, host, device, ts,
-           sum(delta) FILTER (WHERE category = 'eval') AS d_eval,
-           sum(delta) FILTER (WHERE category = 'weight_update') AS d_wu,
-           sum(delta) FILTER (WHERE category = 'compute') AS d_compute,
-           sum(delta) FILTER (WHERE category = 'collectives') AS d_coll,
-           sum(delta) FILTER (WHERE category = 'input') AS d_input,
-           sum(delta) FILTER (WHERE category = 'output') AS d_output,
-           sum(delta) FILTER (WHERE category = 'step') AS d_step,
-           sum(delta) FILTER (WHERE category = 'container') AS d_cont,
-           sum(delta) FILTER (WHERE kind = 'all-reduce') AS d_ar,
-           sum(delta) FILTER (WHERE kind = 'all-gather') AS d_ag,
-           sum(delta) FILTER (WHERE kind = 'reduce-scatter') AS d_rs,
-           sum(delta) FILTER (WHERE kind = 'all-to-all') AS d_a2a,
-           sum(delta) FILTER (WHERE kind = 'collective-permute') AS d_cp,
-           sum(delta) FILTER (WHERE kind = 'send/recv') AS d_sr
+    SELECT run_id, host, device, ts, sum(dc) AS dc, sum(dk) AS dk
     FROM points GROUP BY run_id, host, device, ts
 ), running AS (
     SELECT run_id, host, device, ts,
            lead(ts) OVER w AS next_ts,
-           sum(coalesce(d_eval, 0)) OVER w AS n_eval,
-           sum(coalesce(d_wu, 0)) OVER w AS n_wu,
-           sum(coalesce(d_compute, 0)) OVER w AS n_compute,
-           sum(coalesce(d_coll, 0)) OVER w AS n_coll,
-           sum(coalesce(d_input, 0)) OVER w AS n_input,
-           sum(coalesce(d_output, 0)) OVER w AS n_output,
-           sum(coalesce(d_step, 0)) OVER w AS n_step,
-           sum(coalesce(d_cont, 0)) OVER w AS n_cont,
-           sum(coalesce(d_ar, 0)) OVER w AS n_ar,
-           sum(coalesce(d_ag, 0)) OVER w AS n_ag,
-           sum(coalesce(d_rs, 0)) OVER w AS n_rs,
-           sum(coalesce(d_a2a, 0)) OVER w AS n_a2a,
-           sum(coalesce(d_cp, 0)) OVER w AS n_cp,
-           sum(coalesce(d_sr, 0)) OVER w AS n_sr
+           sum(dc) OVER w AS c,
+           sum(dk) OVER w AS k
     FROM net
     WINDOW w AS (PARTITION BY run_id, host, device ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+), counts AS (
+    SELECT run_id, host, device, ts, next_ts,
+           (c >> 0) & 32767 AS n_eval, (c >> 15) & 32767 AS n_wu, (c >> 30) & 32767 AS n_compute,
+           (c >> 45) & 32767 AS n_coll, (c >> 60) & 32767 AS n_input, (c >> 75) & 32767 AS n_output,
+           (c >> 90) & 32767 AS n_step, (c >> 105) & 32767 AS n_cont,
+           (k >> 0) & 32767 AS n_ar, (k >> 15) & 32767 AS n_ag, (k >> 30) & 32767 AS n_rs,
+           (k >> 45) & 32767 AS n_a2a, (k >> 60) & 32767 AS n_cp, (k >> 75) & 32767 AS n_sr
+    FROM running
+    WHERE next_ts IS NOT NULL AND next_ts > ts
 ), elementary AS (
     SELECT run_id, host, device, ts, next_ts - ts AS len_ps,
            CASE WHEN n_eval > 0 THEN 'eval'
@@ -225,8 +235,7 @@ WITH points AS (
            n_coll > 0 AND (n_wu > 0 OR n_compute > 0) AND n_eval = 0 AS collective_overlapped,
            n_step > 0 AS in_step,
            n_ar > 0 AS ar, n_ag > 0 AS ag, n_rs > 0 AS rs, n_a2a > 0 AS a2a, n_cp > 0 AS cp, n_sr > 0 AS sr
-    FROM running
-    WHERE next_ts IS NOT NULL AND next_ts > ts
+    FROM counts
 ), steps AS (
     SELECT run_id, host, device, start_ps, end_ps FROM $att_steps
 )
@@ -341,7 +350,10 @@ GROUP BY ALL;
 
 -- stage: op_steps
 -- Every attributed device op with the step it starts in (NULL outside steps) and that step's eval flag.
-SELECT o.run_id, o.host, o.device AS device_ordinal, o.short_name, o.name, o.category, o.collective_kind,
+SELECT o.run_id, o.host, o.device AS device_ordinal, o.short_name,
+       -- the HLO text only where shapes are read (collective payloads, infeed batch): it is long
+       CASE WHEN o.category IN ('collectives', 'input') THEN o.name END AS name,
+       o.category, o.collective_kind,
        o.hlo_category, o.hlo_module, o.tf_op, o.shape, o.flops, o.bytes_accessed, o.start_ps, o.duration_ps,
        o.line, o.is_container,
        CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.step_num END AS step_num,
