@@ -39,6 +39,8 @@ def xprof_overview(files: list[Path]) -> dict:
     [
         ("resnet50", 16, 1, "baseline"),
         ("bert", 4096, 2, "input-bound"),
+        ("resnet50", 32, 4, "straggler"),
+        ("gnmt", 512, 1, "eval-overhead"),
     ],
 )
 def test_xprof_measures_the_modelled_step_time(
