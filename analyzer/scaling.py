@@ -46,8 +46,9 @@ _FORMS: dict[str, tuple[list[Callable[[np.ndarray], np.ndarray]], str]] = {
     "linear": ([np.ones_like, lambda n: n], "a + b*N"),
     "power": ([np.ones_like, np.log2], "a*N^b"),      # fitted as log2(y) = log2(a) + b*log2(N)
 }
-# With two runs the data cannot choose between two-parameter forms: the cost model does.
-_PRIOR = {"compute": "inverse", "weight_update": "inverse", "collectives": "log", "input": "inverse",
+# With two runs the data cannot choose between two-parameter forms: the cost model does. Collectives:
+# a ring all-reduce moves (n-1)/n * M/B = M/B - (M/B)/n (catalog §2), i.e. a + b/N with b < 0.
+_PRIOR = {"compute": "inverse", "weight_update": "inverse", "collectives": "inverse", "input": "inverse",
           "output": "inverse", "eval": "inverse", "idle": "log", "other": "inverse", "total": "power"}
 _FLAT = 0.02          # two runs within 2% of each other: a constant
 _TIE = 0.005          # leave-one-out errors within 0.5% of the step are a tie: prefer the simpler form

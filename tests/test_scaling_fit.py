@@ -66,14 +66,17 @@ def test_fixed_global_batch_compute_is_inverse():
 def test_two_runs_fall_back_to_the_cost_model_prior():
     flat = fit_category("compute", [256, 1024], [10.0, 10.05], scale=14)
     assert flat.form == "constant"
+    # a ring all-reduce: (n-1)/n * M/B = a + b/N with b < 0 (catalog §2)
     rising = fit_category("collectives", [256, 1024], [2.0, 3.0], scale=14)
-    assert rising.form == "log"
-    assert rising.predict(4096)[0] == pytest.approx(4.0)
+    assert rising.form == "inverse"
+    assert rising.predict(4096)[0] == pytest.approx(3.25)
+    falling = fit_category("collectives", [256, 1024], [3.0, 2.0], scale=14)
+    assert falling.form == "constant"  # an all-reduce does not get cheaper with more replicas
 
 
 def test_holdout_predicts_the_largest_run_and_flat_shares_give_no_finding():
     chips = [256, 1024, 4096]
-    frame = _series(chips, lambda n: 7 + 0 * n, lambda n: 1 + 0.05 * np.log2(n), lambda n: 0.5 + 0 * n)
+    frame = _series(chips, lambda n: 7 + 0 * n, lambda n: 1.2 - 40 / n, lambda n: 0.5 + 0 * n)
     check = holdout_check(frame)
     assert check["fitted_on_chips"] == [256, 1024]
     assert abs(check["relative_error"]) < 1e-9
