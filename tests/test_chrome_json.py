@@ -71,7 +71,8 @@ def test_planes_and_lines_from_process_and_thread_names(db: duckdb.DuckDBPyConne
 
 def test_times_phases_and_args(db: duckdb.DuckDBPyConnection) -> None:
     rows = db.execute(
-        "SELECT name, start_ps, duration_ps, hlo_category, flops, step_num, stats FROM events ORDER BY start_ps, name"
+        "SELECT name, start_ps, duration_ps, hlo_category, flops, step_num, stats "
+        "FROM events ORDER BY start_ps, name"
     ).fetchall()
     by_name = {r[0]: r for r in rows}
     assert by_name["train"][1:3] == (0, 10_000_000) and by_name["train"][5] == 3
@@ -96,7 +97,8 @@ def test_kineto_files_keep_every_supported_event(tmp_path: Path, shared_traces: 
         want = sum(1 for e in events if e.get("ph") in ("X", "i", "I", "C"))
         want += sum(1 for e in events if e.get("ph") == "B")
         got = con.execute(
-            "SELECT count(*), sum(duration_ps) FROM events JOIN hosts USING (run_id, host) WHERE file_path = ?",
+            "SELECT count(*), sum(duration_ps) FROM events JOIN hosts USING (run_id, host) "
+            "WHERE file_path = ?",
             [str(path.resolve())],
         ).fetchall()[0]
         assert got[0] == want

@@ -204,7 +204,8 @@ def test_modules_steps_aggregates_and_refs(db: duckdb.DuckDBPyConnection) -> Non
     ).fetchall()
     assert module == [("jit_train_step(12345678901234567890)",) * 2]
     step = db.execute(
-        "SELECT name, step_num, group_id, duration_ps FROM events WHERE host = 'tpu-host-0' AND line = 'Steps'"
+        "SELECT name, step_num, group_id, duration_ps FROM events "
+        "WHERE host = 'tpu-host-0' AND line = 'Steps'"
     ).fetchall()
     assert step == [("7", 7, 3, 60_000)]
     agg = db.execute(
