@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from tpuanalyze.generator.calibration import TOLERANCE, calibration_rows, visibility_matrix
+from tpuanalyze.generator.workloads import MODELS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "calibration.md"
 
@@ -49,6 +50,19 @@ def main() -> int:
         f"Largest error: {worst:.1%}. The v0.6 ResNet-50 rows without a published step time show the trend",
         "(time per step falls with chips as the per-core batch shrinks from 128 to 16; per-core throughput",
         "falls with it). Published step times are estimates from MLPerf block stamps (catalog §1).",
+        "",
+        "## Fitted constants",
+        "",
+        "MXU efficiency `e(u) = e_max / (1 + k log2(u_sat / u))` for `u < u_sat` work units per core",
+        "(images, or tokens for the language models), `e_max` above; fitted by hand to the rows above.",
+        "",
+        "| model | e_max | u_sat | k | train FLOPs/example | host examples/s |",
+        "|---|---|---|---|---|---|",
+        *[
+            f"| {m.name} | {m.e_max} | {m.u_sat:g} | {m.k_eff} | {m.train_flops_per_example:.3g} | "
+            f"{m.host_examples_per_s:g} |"
+            for m in MODELS.values()
+        ],
         "",
         "## Baseline breakdown at the MLPerf presets",
         "",
