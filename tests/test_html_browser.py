@@ -136,3 +136,24 @@ def test_html_size_grows_slowly_with_hosts_and_stays_under_10mb_at_256(tmp_path:
         page = browser.render(out)
         _check_rendered(page, out.read_text())
         assert page.status["warnings"] == [], page.status["warnings"]
+
+
+@needs_chromium
+def test_real_shared_traces_render_together(tmp_path: Path, shared_traces: Path) -> None:
+    """Real captures from other tools (TPU v6e XSpace, V100 XSpace, PyTorch Kineto JSON) in one report."""
+    paths = [
+        shared_traces / "real" / "tpu_v6e_4chip_jax_inference.xplane.pb",
+        shared_traces / "real" / "gpu_v100x8_tf_multiworker.xplane.pb",
+        shared_traces / "chrome_json" / "kineto_resnet50_v100.json.gz",
+    ]
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        pytest.skip(f"shared traces missing: {missing}")
+    out = _report(tmp_path, *paths)
+    document = out.read_text()
+    assert external_references(document) == []
+    page = browser.render(out)
+    _check_rendered(page, document)
+    assert page.status["warnings"] == [], page.status["warnings"]
+    assert page.dom.count('<section class="run"') == 3
+    assert "TPU v6 Lite" in page.dom
