@@ -50,6 +50,18 @@ def _ingest(paths: Sequence[Path], db_path: Path, show_progress: bool) -> list[i
     return list(summary.run_ids)
 
 
+def _install_views(db_path: Path, thresholds: Path | None) -> None:
+    """Attribution views (step_breakdown, ...) in a kept database, so the findings' SQL runs there."""
+    import duckdb
+    from tpuanalyze.analyzer.api import install_views
+
+    con = duckdb.connect(str(db_path))
+    try:
+        install_views(con, thresholds)
+    finally:
+        con.close()
+
+
 def _select_runs(con: Any, db_path: Path, selectors: Sequence[str]) -> list[int]:
     """Trace runs of the database (MLPerf-only runs have no trace to analyse), optionally by name or id."""
     rows = con.execute("SELECT run_id, name, source_path, source_format FROM runs ORDER BY run_id").fetchall()
@@ -230,6 +242,8 @@ def command(
         with tempfile.TemporaryDirectory(prefix="tpuanalyze-report-") as tmp:
             target = db_path if db_path is not None else Path(tmp) / "report.duckdb"
             run_ids = _ingest(paths, target, show)
+            if db_path is not None:
+                _install_views(db_path, thresholds)
             analyses, series = analyse(target, run_ids, (), thresholds, show)
         database_note = str(db_path) if db_path is not None else None
     emit_reports(analyses, json_path, html_path, quiet, show, database_note, series)

@@ -97,6 +97,22 @@ def test_traces_are_ingested_on_the_fly_into_a_kept_database(tmp_path: Path) -> 
     document = json.loads(proc.stdout)  # --json - : stdout is only the JSON
     assert [r["run"] for r in document["runs"]] == [run.name]
     assert db.is_file()
+    # Every finding's evidence SQL runs on the kept database and reproduces its numbers.
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        for finding in document["runs"][0]["findings"]:
+            cursor = con.execute(finding["evidence"]["sql"])
+            row = dict(zip([d[0] for d in cursor.description], cursor.fetchone(), strict=True))
+            for name, value in row.items():
+                expected = finding["evidence"]["metrics"].get(name)
+                if isinstance(expected, float) and isinstance(value, float):
+                    assert value == pytest.approx(expected, rel=1e-3), (finding["rule"], name)
+        input_bound = next(f for f in document["runs"][0]["findings"] if f["rule"] == "input-bound")
+        assert "input_fraction_of_step" in input_bound["evidence"]["sql"]
+    finally:
+        con.close()
     # The kept database is a report PATH by itself, with the same numbers.
     again = cli("report", str(db), "--json", "-")
     assert again.returncode == 0, again.stderr
