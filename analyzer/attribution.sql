@@ -185,7 +185,7 @@ UNION ALL SELECT run_id, host, device, 'step', NULL, start_ps, end_ps FROM $att_
 -- computes two running sums instead of fourteen; a counter is the number of ops of that category active
 -- at once on one device, far below 2^15.
 WITH codes AS (
-    SELECT *,
+    SELECT *, hash(run_id, host, device) AS dev_key,  -- one integer key: cheaper to sort and group
            CASE category WHEN 'eval' THEN 0 WHEN 'weight_update' THEN 1 WHEN 'compute' THEN 2
                          WHEN 'collectives' THEN 3 WHEN 'input' THEN 4 WHEN 'output' THEN 5
                          WHEN 'step' THEN 6 WHEN 'container' THEN 7 END AS cat_bit,
@@ -193,28 +193,30 @@ WITH codes AS (
                      WHEN 'all-to-all' THEN 3 WHEN 'collective-permute' THEN 4 WHEN 'send/recv' THEN 5
                      END AS kind_bit
     FROM $att_intervals
+), devices AS (
+    SELECT DISTINCT dev_key, run_id, host, device FROM codes
 ), points AS (
-    SELECT run_id, host, device, start_ps AS ts,
+    SELECT dev_key, start_ps AS ts,
            (1::HUGEINT << (15 * cat_bit)) AS dc,
            CASE WHEN kind_bit IS NULL THEN 0::HUGEINT ELSE (1::HUGEINT << (15 * kind_bit)) END AS dk
     FROM codes
     UNION ALL
-    SELECT run_id, host, device, end_ps,
+    SELECT dev_key, end_ps,
            -(1::HUGEINT << (15 * cat_bit)),
            CASE WHEN kind_bit IS NULL THEN 0::HUGEINT ELSE -(1::HUGEINT << (15 * kind_bit)) END
     FROM codes
 ), net AS (
-    SELECT run_id, host, device, ts, sum(dc) AS dc, sum(dk) AS dk
-    FROM points GROUP BY run_id, host, device, ts
+    SELECT dev_key, ts, sum(dc) AS dc, sum(dk) AS dk
+    FROM points GROUP BY dev_key, ts
 ), running AS (
-    SELECT run_id, host, device, ts,
+    SELECT dev_key, ts,
            lead(ts) OVER w AS next_ts,
            sum(dc) OVER w AS c,
            sum(dk) OVER w AS k
     FROM net
-    WINDOW w AS (PARTITION BY run_id, host, device ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+    WINDOW w AS (PARTITION BY dev_key ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ), counts AS (
-    SELECT run_id, host, device, ts, next_ts,
+    SELECT dev_key, ts, next_ts,
            (c >> 0) & 32767 AS n_eval, (c >> 15) & 32767 AS n_wu, (c >> 30) & 32767 AS n_compute,
            (c >> 45) & 32767 AS n_coll, (c >> 60) & 32767 AS n_input, (c >> 75) & 32767 AS n_output,
            (c >> 90) & 32767 AS n_step, (c >> 105) & 32767 AS n_cont,
@@ -223,7 +225,7 @@ WITH codes AS (
     FROM running
     WHERE next_ts IS NOT NULL AND next_ts > ts
 ), elementary AS (
-    SELECT run_id, host, device, ts, next_ts - ts AS len_ps,
+    SELECT d.run_id, d.host, d.device, ts, next_ts - ts AS len_ps,
            CASE WHEN n_eval > 0 THEN 'eval'
                 WHEN n_wu > 0 THEN 'weight_update'
                 WHEN n_compute > 0 THEN 'compute'
@@ -235,7 +237,7 @@ WITH codes AS (
            n_coll > 0 AND (n_wu > 0 OR n_compute > 0) AND n_eval = 0 AS collective_overlapped,
            n_step > 0 AS in_step,
            n_ar > 0 AS ar, n_ag > 0 AS ag, n_rs > 0 AS rs, n_a2a > 0 AS a2a, n_cp > 0 AS cp, n_sr > 0 AS sr
-    FROM counts
+    FROM counts JOIN devices d USING (dev_key)
 ), steps AS (
     SELECT run_id, host, device, start_ps, end_ps FROM $att_steps
 )
