@@ -108,9 +108,11 @@ def analyse(
             )
         analyses = []
         with progress.progress_bar(len(run_ids), "analysing", enabled=show_progress) as bar:
+            names = dict(con.execute("SELECT run_id, name FROM runs").fetchall())
             for run_id in run_ids:
+                bar.advance(0, note=str(names.get(run_id, run_id)))
                 analyses.append(analyze_run(con, run_id, config))
-                bar.advance(1, note=str(analyses[-1].summary.get("run", run_id)))
+                bar.advance(1)
         return analyses, scaling_series(con, run_ids, analyses)
     finally:
         con.close()
