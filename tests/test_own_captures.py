@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SAMPLE_TRACES, SHARED_TRACES
+from tpuanalyze.store.database import connect
+from tpuanalyze.store.ingest import ingest_paths
 
 OWN_ROOT = SAMPLE_TRACES / "jax_cpu"
 SHARED_ROOT = SHARED_TRACES / "jax_cpu"
@@ -67,17 +69,15 @@ def _expected_counts(xplane: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def ingested(tmp_path_factory):
-    """Ingest a trace file once per module into its own database; returns (connection, run_id)."""
-    ingest = pytest.importorskip("tpuanalyze.store.ingest", reason="store.ingest not available yet")
-    database = pytest.importorskip("tpuanalyze.store.database", reason="store.database not available yet")
+    """Ingest a trace file once per module into its own database; returns (connection, run_id, summary)."""
     cache: dict[Path, tuple] = {}
 
     def get(path: Path):
         if path not in cache:
             db = tmp_path_factory.mktemp("own_captures") / "trace.duckdb"
-            summary = ingest.ingest_paths([path], db)
+            summary = ingest_paths([path], db)
             assert len(summary.run_ids) == 1
-            cache[path] = (database.connect(db, read_only=True), summary.run_ids[0], summary)
+            cache[path] = (connect(db, read_only=True), summary.run_ids[0], summary)
         return cache[path]
 
     yield get
