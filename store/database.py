@@ -25,6 +25,7 @@ def connect(db_path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConn
         raise TpuAnalyzeError("no such database file", str(path))
     try:
         con = duckdb.connect(str(path), read_only=read_only)
+        con.execute("SET enable_progress_bar = false")  # never draw on the user's terminal
     except duckdb.Error as exc:
         raise TpuAnalyzeError(f"cannot open database: {_first_line(exc)}", str(path)) from None
     if not read_only:

@@ -145,7 +145,7 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
             plan.fixed_t0 = min(t0s) if t0s else None  # type: ignore[attr-defined]
         total = sum(h.num_events for host_slots in slots for h in host_slots)
         task = bar.task("loading", total)
-        _store(plans, db_path, summary, lambda n: bar.advance(task, n))
+        _store(plans, db_path, summary, lambda n: bar.advance(task, n), total)
     summary.runs = len(plans)
     summary.hosts = sum(len(p.hosts) for p in plans)
     summary.notes = [note for p in plans for note in p.notes]
@@ -155,6 +155,8 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
 
 RUN_TABLES = ("runs", "hosts", "planes", "lines", "event_metadata", "events")
 STAGING_MEMORY_LIMIT = "256MB"
+LOAD_MEMORY_LIMIT = "256MB"  # DuckDB buffer pool while loading (its uncommitted rows come on top)
+DIRECT_MAX_EVENTS = 4_000_000  # above this, stage through a scratch DB to bound memory
 STAGE_COMMIT_EVENTS = 250_000
 
 
@@ -219,8 +221,61 @@ def _columns(con: duckdb.DuckDBPyConnection, catalog: str, table: str) -> list[s
     return [r[0] for r in rows]
 
 
-def _store(plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch) -> None:
-    """Stage the runs, then move them into the database in ONE transaction (replacing old runs)."""
+def _store(
+    plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch, total_events: int
+) -> None:
+    """Load the runs in ONE transaction (replacing old runs): directly when the call is small enough
+    for DuckDB's uncommitted rows to fit in memory, else staged through a scratch database."""
+    if total_events <= DIRECT_MAX_EVENTS:
+        _store_direct(plans, db_path, summary, on_batch)
+    else:
+        _store_staged(plans, db_path, summary, on_batch)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _store_direct(plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch) -> None:
+    con = connect(db_path)
+    try:
+        con.execute(f"SET memory_limit = '{LOAD_MEMORY_LIMIT}'")
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for plan in plans:
+                _delete_previous(con, plan, summary)
+                run_id = new_run_id(con)
+                counts = insert_run(con, plan, run_id, on_batch)
+                summary.run_ids.append(run_id)
+                summary.planes += counts.planes
+                summary.events += counts.events
+            con.execute("COMMIT")
+        except BaseException as exc:
+            con.execute("ROLLBACK")
+            summary.run_ids.clear()
+            summary.replaced_run_ids.clear()
+            summary.planes = summary.events = 0
+            if isinstance(exc, duckdb.Error):
+                raise TpuAnalyzeError(
+                    f"loading failed, database unchanged: {_first_line(exc)}", str(db_path)
+                ) from None
+            raise
+    finally:
+        con.close()
+
+
+def _delete_previous(con: duckdb.DuckDBPyConnection, plan: RunPlan, summary: IngestSummary) -> None:
+    old = con.execute(
+        "SELECT run_id FROM runs WHERE source_path = ? ORDER BY run_id", [plan.source_path]
+    ).fetchall()
+    for (old_id,) in old:
+        delete_run(con, old_id)
+        summary.replaced_run_ids.append(old_id)
+
+
+def _store_staged(plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch) -> None:
+    """Stage the runs in a scratch database, then move them in ONE transaction."""
     db_path = Path(db_path)
     if db_path.parent and not db_path.parent.is_dir():
         raise TpuAnalyzeError("directory of the database does not exist", str(db_path))
@@ -234,12 +289,7 @@ def _store(plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on
             con.execute("BEGIN TRANSACTION")
             try:
                 for plan, (local_id, planes, events) in zip(plans, counts, strict=True):
-                    old = con.execute(
-                        "SELECT run_id FROM runs WHERE source_path = ? ORDER BY run_id", [plan.source_path]
-                    ).fetchall()
-                    for (old_id,) in old:
-                        delete_run(con, old_id)
-                        summary.replaced_run_ids.append(old_id)
+                    _delete_previous(con, plan, summary)
                     run_id = new_run_id(con)
                     for table in RUN_TABLES:
                         columns = [
