@@ -220,18 +220,19 @@ def render_runs(analyses: Sequence[Any], console: Console | None = None) -> None
 
 
 def overview_table(analyses: Sequence[Any]) -> Table:
-    table = Table(title=f"{len(analyses)} runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in (
-        ("run", "left"),
-        ("device", "left"),
-        ("cores", "right"),
-        ("step ms", "right"),
-        ("compute", "right"),
-        ("coll.", "right"),
-        ("input", "right"),
-        ("top finding", "left"),
-    ):
-        table.add_column(name, justify=justify, overflow="fold")
+    """One line per run; long run names are cut here (each run's own header below has it in full)."""
+    table = Table(
+        title=f"{len(analyses)} runs",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=30, min_width=12)
+    table.add_column("device", no_wrap=True, overflow="ellipsis", max_width=11)
+    for name in ("cores", "step ms", "compute", "coll.", "input"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+    table.add_column("top finding", no_wrap=True, overflow="ellipsis", max_width=22)
     for analysis in analyses:
         summary = analysis.summary
         breakdown = summary.get("breakdown") or {}
@@ -240,7 +241,7 @@ def overview_table(analyses: Sequence[Any]) -> Table:
             str(summary.get("run")),
             str(summary.get("device_type") or ""),
             view.format_value(summary.get("devices")),
-            _num((summary.get("step_time_ms") or {}).get("mean")),
+            view.format_ms((summary.get("step_time_ms") or {}).get("mean")),
             f"{float(breakdown.get('compute') or 0):.0%}",
             f"{float(breakdown.get('collectives') or 0):.0%}",
             f"{float(breakdown.get('input') or 0):.0%}",
