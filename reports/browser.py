@@ -86,6 +86,8 @@ class RenderedPage:
 
 def render(html_path: str | Path, budget_ms: int = 15000, timeout: float = 120) -> RenderedPage:
     """Load the report, let its scripts run for ``budget_ms`` of virtual time, return the DOM."""
+    if not Path(html_path).is_file():
+        raise FileNotFoundError(html_path)
     url = Path(html_path).resolve().as_uri()
     proc = _run([f"--virtual-time-budget={budget_ms}", "--dump-dom", url], timeout)
     if proc.returncode != 0 or not proc.stdout:
@@ -104,6 +106,8 @@ def screenshot(
     timeout: float = 120,
 ) -> Path:
     """A PNG of the report's top ``height`` pixels at a laptop-to-desktop width."""
+    if not Path(html_path).is_file():
+        raise FileNotFoundError(html_path)
     png = Path(png_path).resolve()
     url = Path(html_path).resolve().as_uri()
     proc = _run(
