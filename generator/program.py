@@ -102,6 +102,7 @@ def _op_from_recipe(
     operands = (
         f"{_layout(shape)} %param.{layer}" if opcode != "while" else f"(s32[], {_layout(shape)}) %tuple"
     )
+    # conv/matmul fusions: ~60 FLOP per HBM byte; elementwise: streaming at ~85% of 450 GB/s [est]
     mem = flops / 60 if flops > 1e6 else time_ms * 1e-3 * 380e9
     return Op(
         short,
