@@ -31,6 +31,16 @@ def shared_db(shared_traces: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     con.close()
 
 
+_CACHE: dict[int, object] = {}
+
+
+def _analysis(con: duckdb.DuckDBPyConnection, run_id: int):  # noqa: ANN202 - RunAnalysis
+    """One analysis per run for the whole module (the tests only read it)."""
+    if run_id not in _CACHE:
+        _CACHE[run_id] = analyze_run(con, run_id)
+    return _CACHE[run_id]
+
+
 def _run_id(con: duckdb.DuckDBPyConnection, fragment: str) -> int:
     rows = con.execute("SELECT run_id FROM runs WHERE source_path LIKE ?", [f"%{fragment}%"]).fetchall()
     assert len(rows) == 1, (fragment, rows)
@@ -40,7 +50,7 @@ def _run_id(con: duckdb.DuckDBPyConnection, fragment: str) -> int:
 def test_every_shared_trace_analyzes(shared_db: duckdb.DuckDBPyConnection) -> None:
     runs = shared_db.execute("SELECT run_id, name FROM runs WHERE source_format <> 'mlperf'").fetchall()
     assert len(runs) >= 10
-    analyses = [analyze_run(shared_db, run_id) for run_id, _ in runs]
+    analyses = [_analysis(shared_db, run_id) for run_id, _ in runs]
     doc = json.loads(json.dumps(report_json(analyses)))  # plain JSON all the way down
     for run in doc["runs"]:
         assert set(run) >= {"run", "device_type", "hosts", "devices", "steps", "step_time_ms", "breakdown",
@@ -54,7 +64,7 @@ def test_every_shared_trace_analyzes(shared_db: duckdb.DuckDBPyConnection) -> No
 
 
 def test_v6e_inference_has_no_steps_line_and_says_so(shared_db: duckdb.DuckDBPyConnection) -> None:
-    a = analyze_run(shared_db, _run_id(shared_db, "tpu_v6e_4chip"))
+    a = _analysis(shared_db, _run_id(shared_db, "tpu_v6e_4chip"))
     assert a.summary["device_type"].startswith("TPU v6")
     assert a.summary["devices"] == 4
     assert any("no Steps line" in n for n in a.summary["notes"])
@@ -64,14 +74,14 @@ def test_v6e_inference_has_no_steps_line_and_says_so(shared_db: duckdb.DuckDBPyC
 def test_kineto_json_gpu_kernels_and_profiler_steps(shared_db: duckdb.DuckDBPyConnection) -> None:
     """PyTorch Kineto JSON: no XSpace device planes; GPU kernels are the device ops, ProfilerStep#N the
     steps, the NCCL kernels collectives."""
-    a = analyze_run(shared_db, _run_id(shared_db, "kineto_nccl_rank0"))
+    a = _analysis(shared_db, _run_id(shared_db, "kineto_nccl_rank0"))
     assert any("Kineto" in n for n in a.summary["notes"])
     assert a.summary["device_type"] == "GPU" and a.summary["steps"] == 2
     assert a.summary["breakdown"]["collectives"] > 0 and not a.collectives.empty
 
 
 def test_pmap8_input_bound(shared_db: duckdb.DuckDBPyConnection) -> None:
-    a = analyze_run(shared_db, _run_id(shared_db, "pmap8_input_bound"))
+    a = _analysis(shared_db, _run_id(shared_db, "pmap8_input_bound"))
     bd = a.summary["breakdown"]
     non_compute = {k: v for k, v in bd.items() if k != "compute"}
     assert max(non_compute, key=non_compute.get) == "input", bd
@@ -82,7 +92,7 @@ def test_pmap8_input_bound(shared_db: duckdb.DuckDBPyConnection) -> None:
 
 
 def test_pmap8_train_eval(shared_db: duckdb.DuckDBPyConnection) -> None:
-    a = analyze_run(shared_db, _run_id(shared_db, "pmap8_train_eval"))
+    a = _analysis(shared_db, _run_id(shared_db, "pmap8_train_eval"))
     assert a.summary["breakdown"]["eval"] > 0.01
     assert a.summary["steps"] == 20
     ar = a.collectives.set_index("kind").loc["all-reduce"]
@@ -90,7 +100,7 @@ def test_pmap8_train_eval(shared_db: duckdb.DuckDBPyConnection) -> None:
 
 
 def test_single_jit_has_no_collectives(shared_db: duckdb.DuckDBPyConnection) -> None:
-    a = analyze_run(shared_db, _run_id(shared_db, "single_jit_train"))
+    a = _analysis(shared_db, _run_id(shared_db, "single_jit_train"))
     assert a.summary["steps"] == 12 and a.summary["devices"] == 1
     assert a.collectives.empty and a.summary["breakdown"]["collectives"] == 0.0
 
@@ -98,7 +108,7 @@ def test_single_jit_has_no_collectives(shared_db: duckdb.DuckDBPyConnection) -> 
 def test_evidence_sql_reproduces_the_numbers(shared_db: duckdb.DuckDBPyConnection) -> None:
     """Every finding's evidence SQL runs against the database views and returns its first metric."""
     for fragment in ("pmap8_input_bound", "pmap8_train_eval", "tpu_v6e_4chip"):
-        a = analyze_run(shared_db, _run_id(shared_db, fragment))
+        a = _analysis(shared_db, _run_id(shared_db, fragment))
         assert a.findings, fragment
         for f in a.findings:
             row = shared_db.execute(f["evidence"]["sql"]).fetchall()

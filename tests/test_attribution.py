@@ -126,7 +126,7 @@ def _reference(spans: list[tuple[str, int, int]], step_len: int) -> dict[str, in
     return out
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(PRIORITY), st.integers(0, 99), st.integers(1, 40)),
                 min_size=1, max_size=12))
 def test_sweep_matches_brute_force(tmp_path_factory: pytest.TempPathFactory,
