@@ -242,7 +242,8 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
         "eval_steps": int(steps.loc[steps["is_eval"]].groupby("step_num", dropna=False).ngroups)
         if not steps.empty else 0,
         "across_cores": bd["across_cores"],
-        "notes": _notes(con, run_id, rel, steps),
+        "notes": (["an MLPerf result log, not a trace: nothing to attribute (see `tpuanalyze mlperf`)"]
+                  if run.get("source_format") == "mlperf" else _notes(con, run_id, rel, steps)),
     }
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
                            collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))

@@ -105,3 +105,14 @@ def test_optimizer_patterns_are_configurable(tmp_path: Path) -> None:
     custom = analyze_run(con, run_id, thresholds={"patterns": {"weight_update": "mycustomstep"}})
     assert custom.summary["breakdown"]["weight_update"] == pytest.approx(0.4)
     assert {f["rule"] for f in custom.findings} >= {"weight-update-unsharded"}
+
+
+def test_analyzer_never_reads_ground_truth() -> None:
+    """The analysis reads traces only; ground_truth.json is for tests (the issue's rule 8)."""
+    import tpuanalyze.analyzer as analyzer_pkg
+
+    folder = Path(analyzer_pkg.__file__).parent
+    mine = ["api.py", "attribution.py", "attribution.sql", "classify.py", "collectives.py", "config.py",
+            "findings.py", "input.py", "ops.py", "steps.py", "thresholds.toml"]
+    for name in mine:
+        assert "ground_truth" not in (folder / name).read_text(), name
