@@ -74,6 +74,10 @@ class HostWriter:
     def __post_init__(self) -> None:
         self.categories = sorted({o.category for o in self.train.ops})
         self._train_cat = np.array([self.categories.index(o.category) for o in self.train.ops])
+        waits = [
+            o.category in COLLECTIVE_KINDS and o.role in ("async_done", "sync_global") for o in self.train.ops
+        ]
+        self._wait_op = np.array(waits + [False] * len(self.evalp.ops))  # indexed by md - train_base
         self._coll = {
             p: np.array(
                 [
@@ -166,7 +170,18 @@ class HostWriter:
         infeed_rows = train_rows & (o["md"] == meta.train_base)
         infeed_ps = (o["e"] - o["s"])[infeed_rows].sum(axis=0).tolist()
 
-        ops_lines = device_line_events(o["md"], o["s"], o["e"] - o["s"], o["grp"], o["train"])
+        # collective waits carry XProf's all_reduce_unique_id (same on every core: step and op), so
+        # XProf can split all-reduce time into compute (min across cores) and sync
+        wait_ops = self._wait_op[o["md"] - meta.train_base] & o["train"]
+        ar_id = o["grp"] * 100_000 + (o["md"] - meta.train_base)
+        ops_lines = device_line_events(
+            o["md"],
+            o["s"],
+            o["e"] - o["s"],
+            o["grp"],
+            o["train"],
+            [(SID["all_reduce_unique_id"], ar_id, wait_ops)],
+        )
         async_lines = device_line_events(a["md"], a["s"], a["e"] - a["s"], a["grp"], a["train"])
         mod_lines = device_line_events(
             mo["md"],

@@ -39,6 +39,7 @@ STAT_NAMES = (
     "queue_id",
     "core_type",
     "symbol_id",
+    "all_reduce_unique_id",
 )
 SID = {name: i + 1 for i, name in enumerate(STAT_NAMES)}
 LINE_STEPS, LINE_MODULES, LINE_OPS, LINE_ASYNC = 1, 2, 3, 4
