@@ -36,7 +36,8 @@ for _verb in VERBS:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: bad input becomes one line on stderr and exit status 2."""
     try:
-        cli.main(args=argv, prog_name="tpuanalyze", standalone_mode=False)
+        # Without standalone mode click returns a verb's exit code (e.g. compare's 1) instead of exiting.
+        rc = cli.main(args=argv, prog_name="tpuanalyze", standalone_mode=False)
     except TpuAnalyzeError as exc:
         click.echo(f"tpuanalyze: error: {exc}", err=True)
         sys.exit(2)
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
 
 
 if __name__ == "__main__":
