@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from tpuanalyze.errors import TpuAnalyzeError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (dependency tomli, see pyproject)
+    import tomli as tomllib
 
 DEFAULT_THRESHOLDS_PATH = Path(__file__).with_name("thresholds.toml")
 
