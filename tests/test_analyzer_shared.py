@@ -118,3 +118,12 @@ def test_evidence_sql_reproduces_the_numbers(shared_db: duckdb.DuckDBPyConnectio
             if f["rule"] in ("input-bound", "collective-bound", "outfeed-bound", "weight-update-unsharded",
                              "eval-overhead", "host-overhead"):
                 assert row[0][0] == pytest.approx(metrics[first_key], abs=1e-6), f["rule"]
+
+
+def test_gpu_xspace_streams(shared_db: duckdb.DuckDBPyConnection) -> None:
+    """TF multi-worker on V100: only GPU:4 and GPU:6 carry timelines; H2D/D2H memcpys are input/output."""
+    a = _analysis(shared_db, _run_id(shared_db, "gpu_v100x8"))
+    assert a.summary["device_type"] == "GPU"
+    assert sorted(a.per_core["device_ordinal"]) == [4, 6]
+    assert a.summary["breakdown"]["compute"] > 0.5
+    assert a.summary["breakdown"]["input"] > 0 and a.summary["breakdown"]["output"] > 0
