@@ -8,14 +8,16 @@ DuckDB as an Arrow view and copied with one ``INSERT ... SELECT``; the run/host-
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import duckdb
 import pyarrow as pa
-from tpuanalyze.parsers.staging import EVENT_COLUMNS, TYPED_COLUMNS, HostReader
+from tpuanalyze.parsers.staging import EVENT_COLUMNS, TYPED_COLUMNS, HostReader, PlaneData
 
 _TYPED = ", ".join(c for c, _ in TYPED_COLUMNS)
 _INSERT_EVENTS = f"""
@@ -84,6 +86,61 @@ def _unregister(con: duckdb.DuckDBPyConnection, name: str) -> None:
         pass
 
 
+_DONE = object()
+
+
+def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData, Iterator[pa.Table]]]:
+    """The reader's planes and batches, decoded in a background thread while DuckDB inserts.
+
+    numpy, Arrow and DuckDB release the GIL in their kernels, so decoding the next batch overlaps
+    with inserting this one. Reader errors are re-raised here, in the caller's thread.
+    """
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for plane in reader.planes():
+                items.put(("plane", plane))
+                for batch in plane.batches:
+                    if stop.is_set():
+                        return
+                    items.put(("batch", batch))
+                items.put(("end", None))
+            items.put((_DONE, None))
+        except BaseException as exc:  # handed to the consumer
+            items.put(("error", exc))
+
+    def batches() -> Iterator[pa.Table]:
+        while True:
+            kind, value = items.get()
+            if kind == "batch":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return
+
+    thread = threading.Thread(target=produce, name="tpuanalyze-decode", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = items.get()
+            if kind == "error":
+                raise value
+            if kind is _DONE:
+                return
+            yield value, batches()
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                items.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
 def _load_host(
     con: duckdb.DuckDBPyConnection,
     run_id: int,
@@ -94,7 +151,7 @@ def _load_host(
     on_batch: Callable[[int], None] | None,
 ) -> None:
     shift_ps = ((reader.t0_ns or 0) - (run_t0_ns or 0)) * 1000
-    for plane in reader.planes():
+    for plane, batches in _prefetched(reader):
         info = plane.info
         params = {"run_id": run_id, "host": reader.host, "plane_index": info.plane_index}
         con.execute(
@@ -127,7 +184,7 @@ def _load_host(
             "device_ordinal": info.device_ordinal,
             "shift_ps": shift_ps,
         }
-        for batch in plane.batches:
+        for batch in batches:
             _register(con, "stg_events", batch)
             con.execute(_INSERT_EVENTS, event_params)
             _unregister(con, "stg_events")
