@@ -84,6 +84,7 @@ class _Progress:
     def __init__(self, enabled: bool) -> None:
         self.bar = None
         if enabled:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
@@ -91,6 +92,7 @@ class _Progress:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
+                console=Console(stderr=True),  # stdout carries the result line
                 transient=True,
             )
 
