@@ -83,7 +83,8 @@ def _parse_part(kind: str, data: bytes, path: str, where: str) -> Any:
     try:
         message.ParseFromString(data)
     except DecodeError as exc:
-        raise TraceFormatError(f"corrupt or truncated XSpace protobuf in {where} ({exc})", path) from None
+        detail = str(exc).rsplit(": ", 1)[-1]  # drop upb's internal message-type prefix
+        raise TraceFormatError(f"corrupt or truncated XSpace protobuf in {where} ({detail})", path) from None
     except Exception as exc:  # upb may raise other errors on pathological input
         raise TraceFormatError(f"cannot parse {where} as XSpace protobuf ({exc})", path) from None
     if len(unknown_fields.UnknownFieldSet(message)):
