@@ -74,7 +74,11 @@ WITH raw AS MATERIALIZED (
            regexp_matches(lower(short_name), '^(while|conditional|call)([.]|$)') AS is_container
     FROM kinded
 )
-SELECT r.*, c.collective_kind, c.category, c.is_container
+SELECT r.run_id, r.host, r.device, r.line,
+       -- the HLO text only where shapes are read (collective payloads, infeed batch): it is long
+       CASE WHEN c.category IN ('collectives', 'input') THEN r.name END AS name,
+       r.short_name, r.hlo_category, r.hlo_module, r.tf_op, r.shape, r.flops, r.bytes_accessed,
+       r.start_ps, r.duration_ps, c.collective_kind, c.category, c.is_container
 FROM raw r
 JOIN classified c
   ON r.short_name IS NOT DISTINCT FROM c.short_name AND r.hlo_category IS NOT DISTINCT FROM c.hlo_category
@@ -353,9 +357,7 @@ GROUP BY ALL;
 -- stage: op_steps
 -- Every attributed device op with the step it starts in (NULL outside steps) and that step's eval flag.
 SELECT o.run_id, o.host, o.device AS device_ordinal, o.short_name,
-       -- the HLO text only where shapes are read (collective payloads, infeed batch): it is long
-       CASE WHEN o.category IN ('collectives', 'input') THEN o.name END AS name,
-       o.category, o.collective_kind,
+       o.name, o.category, o.collective_kind,
        o.hlo_category, o.hlo_module, o.tf_op, o.shape, o.flops, o.bytes_accessed, o.start_ps, o.duration_ps,
        o.line, o.is_container,
        CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.step_num END AS step_num,
