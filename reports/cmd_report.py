@@ -9,7 +9,6 @@ progress and "wrote ..." lines go to stderr.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import tempfile
@@ -113,32 +112,51 @@ def analyse(
                 bar.advance(0, note=str(names.get(run_id, run_id)))
                 analyses.append(analyze_run(con, run_id, config))
                 bar.advance(1)
-        return analyses, scaling_series(con, run_ids, analyses)
+        series = scaling_series(con, run_ids, analyses)
+        if series is not None:
+            analyses = [analyses[i] for i in chips_order(con, run_ids)]
+        return analyses, series
     finally:
         con.close()
 
 
 def scaling_series(con: Any, run_ids: Sequence[int], analyses: list[Any]) -> list[Any] | None:
-    """The runs as a scaling series (summary + chips) when they are one workload at 2+ chip counts.
+    """The runs as one scaling series (``[ScalingAnalysis]``) when they are one workload at 2+ chip counts.
 
-    The chip count comes from the trace's own stats (``analyzer.compare.run_facts``), never from
-    the number of traced hosts, which may be a sample. Otherwise None: no scaling section.
+    Built exactly as ``tpuanalyze scaling`` builds it (chips, batch and workload from the trace's own
+    stats, never from the number of traced hosts, which may be a sample). Otherwise None: no section.
     """
     if len(analyses) < 2:
         return None
     try:
-        from tpuanalyze.analyzer.compare import run_facts
+        from tpuanalyze.analyzer.compare import LoadedRun, run_facts
+        from tpuanalyze.analyzer.scaling import analyze_scaling
+        from tpuanalyze.reports.cmd_scaling import trace_series
     except ImportError:
         return None
-    facts = [run_facts(con, run_id) for run_id in run_ids]
-    chips = [f.get("chips") for f in facts]
-    workloads = {f.get("workload") for f in facts}
-    if None in chips or len(set(chips)) < 2 or len(workloads) > 1:
+    runs = []
+    for run_id, analysis in zip(run_ids, analyses, strict=True):
+        name = str(analysis.summary.get("run"))
+        runs.append(
+            LoadedRun(label=name, run_id=run_id, name=name, analysis=analysis, facts=run_facts(con, run_id))
+        )
+    if any(not r.facts.get("chips") for r in runs) or len({r.facts["chips"] for r in runs}) < 2:
         return None
-    return [
-        dataclasses.replace(a, summary={**a.summary, "chips": c})
-        for a, c in zip(analyses, chips, strict=True)
-    ]
+    if len({r.facts.get("workload") for r in runs}) > 1:
+        return None
+    try:
+        frame = trace_series(runs, {})
+        return [analyze_scaling(frame, workload=str(runs[0].facts.get("workload") or ""))]
+    except (TpuAnalyzeError, ValueError):
+        return None
+
+
+def chips_order(con: Any, run_ids: Sequence[int]) -> list[int]:
+    """Positions of the runs from the smallest slice up (a scaling series reads best that way)."""
+    from tpuanalyze.analyzer.compare import run_facts
+
+    chips = [run_facts(con, run_id).get("chips") or 0 for run_id in run_ids]
+    return sorted(range(len(run_ids)), key=lambda i: chips[i])
 
 
 def _write_json(analyses: Sequence[Any], target: str) -> None:
@@ -264,7 +282,7 @@ def emit_reports(
     from tpuanalyze.reports import terminal
 
     if not quiet and json_path != "-":
-        terminal.print_summary(analyses)
+        terminal.print_summary(analyses, series=series or ())
         if database is None:
             click.echo(
                 "(temporary database; add --db FILE to keep it and rerun the findings' SQL "

@@ -178,11 +178,11 @@ def run_section(index: int, analysis: Any) -> RunSection:
 
 
 def scaling_blocks(analyses: Sequence[Any]) -> list[ChartBlock]:
-    """The scaling engineer's charts (``reports/scaling_charts.py``) when several runs are reported.
+    """The scaling engineer's charts (``reports/scaling_charts.py``) of ScalingAnalysis series or runs.
 
-    The module is optional: without it, or with one run, there is no scaling section.
+    The module is optional: without it, or without a series, there is no scaling section.
     """
-    if len(analyses) < 2:
+    if not analyses:
         return []
     try:
         module = importlib.import_module("tpuanalyze.reports.scaling_charts")
@@ -199,10 +199,26 @@ def scaling_blocks(analyses: Sequence[Any]) -> list[ChartBlock]:
     blocks = []
     for position, item in enumerate(items):
         title, caption, chart = _scaling_item(item, position)
+        chart = _fit_container(chart)
         blocks.append(
             _block(f"scaling-{position}", title, caption, chart, note="not enough runs to chart scaling")
         )
     return blocks
+
+
+def series_findings(items: Sequence[Any]) -> list[dict]:
+    """Cross-run findings (scaling-limit, catalog §3.13) of ScalingAnalysis series; runs have their own."""
+    return [
+        f for item in items if hasattr(item, "projection") for f in (getattr(item, "findings", None) or [])
+    ]
+
+
+def _fit_container(chart: Any) -> Any:
+    """Charts made with a fixed width follow the card's width instead (laptop screens, two columns)."""
+    try:
+        return chart.properties(width="container")
+    except Exception:  # noqa: BLE001 - e.g. a concatenation, which has no single width: keep as made
+        return chart
 
 
 def _scaling_item(item: Any, position: int) -> tuple[str, str, Any]:
@@ -245,7 +261,10 @@ def render_html(
     the report verb passes the runs with their chip counts when they form a scaling series.
     """
     sections = [run_section(i, a) for i, a in enumerate(analyses)]
-    scaling = scaling_blocks(scaling_items if scaling_items is not None else analyses)
+    if scaling_items is None:  # several RunAnalysis objects: scaling_charts decides if they form a series
+        scaling_items = analyses if len(analyses) > 1 else []
+    scaling = scaling_blocks(scaling_items)
+    scaling_findings = view.ranked_findings(series_findings(scaling_items))
     chart_count = sum(1 for s in sections for c in s.charts.values() if c.spec_json) + sum(
         1 for c in scaling if c.spec_json
     )
@@ -257,6 +276,7 @@ def render_html(
         title=title,
         sections=sections,
         scaling=scaling,
+        scaling_findings=scaling_findings if scaling else [],
         chart_count=chart_count,
         categories=charts.CATEGORIES,
         category_colors=charts.CATEGORY_COLORS,

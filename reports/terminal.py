@@ -154,10 +154,12 @@ def ops_table(ops: Any) -> Table | None:
     return table
 
 
-def findings_block(findings: list[view.FindingView]) -> Group | Text:
+def findings_block(
+    findings: list[view.FindingView], title: str = "Findings, by estimated gain"
+) -> Group | Text:
     if not findings:
         return Text("Findings: none (no catalog rule fired)", style="bold")
-    parts: list[Any] = [Text("Findings, by estimated gain", style="bold underline")]
+    parts: list[Any] = [Text(title, style="bold underline")]
     for rank, finding in enumerate(findings, start=1):
         head = Text(f"{rank}. ")
         head.append(finding.rule, style="bold")
@@ -179,7 +181,7 @@ def findings_block(findings: list[view.FindingView]) -> Group | Text:
                 "",
                 "reproduce",
                 f"{len(finding.sql)} SQL quer{'y' if len(finding.sql) == 1 else 'ies'}"
-                " in the HTML/JSON report (run with `tpuanalyze sql`)",
+                " in the HTML report (run with `tpuanalyze sql --db FILE`)",
             )
         parts.append(grid)
     return Group(*parts)
@@ -208,11 +210,18 @@ def render_run(console: Console, analysis: Any) -> None:
     console.print(findings_block(view.ranked_findings(view.run_findings(analysis))))
 
 
-def render_runs(analyses: Sequence[Any], console: Console | None = None) -> None:
-    """Print every run's summary; several runs get a one-line-per-run overview first."""
+def render_runs(analyses: Sequence[Any], console: Console | None = None, series: Sequence[Any] = ()) -> None:
+    """Print every run's summary; several runs get a one-line-per-run overview first, and a scaling
+    series (``ScalingAnalysis`` objects) its cross-run findings (scaling-limit, catalog §3.13)."""
     console = console or make_console()
     if len(analyses) > 1:
         console.print(overview_table(analyses))
+    from tpuanalyze.reports.html import series_findings
+
+    scaling = view.ranked_findings(series_findings(series))
+    if scaling:
+        console.print(findings_block(scaling, "Scaling across runs: findings, by estimated gain"))
+        console.print()
     for position, analysis in enumerate(analyses):
         if position:
             console.rule()
@@ -250,19 +259,19 @@ def overview_table(analyses: Sequence[Any]) -> Table:
     return table
 
 
-def render_text(analyses: Sequence[Any], width: int = WIDTH) -> str:
+def render_text(analyses: Sequence[Any], width: int = WIDTH, series: Sequence[Any] = ()) -> str:
     """The summary as plain text (no escape codes, no trailing blanks), for pipes, files and tests."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, highlight=False, no_color=True, force_terminal=False)
-    render_runs(analyses, console)
+    render_runs(analyses, console, series)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
-def print_summary(analyses: Sequence[Any], file: IO[str] | None = None) -> None:
+def print_summary(analyses: Sequence[Any], file: IO[str] | None = None, series: Sequence[Any] = ()) -> None:
     """Colors and the terminal's width (up to 100) on a terminal; plain 100-column text otherwise."""
     stream = file or sys.stdout
     if getattr(stream, "isatty", None) and stream.isatty():
-        render_runs(analyses, make_console(stream))
+        render_runs(analyses, make_console(stream), series)
     else:
-        stream.write(render_text(analyses))
+        stream.write(render_text(analyses, series=series))
         stream.flush()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+from conftest import PROJECT_ROOT
 from test_report_pipeline import cli, generated_run, ingested, jax_cpu_run
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\]")
@@ -80,3 +82,23 @@ def test_real_cpu_capture_summary(tmp_path) -> None:
     _check_plain_100_columns(proc.stdout)
     assert "CPU" in proc.stdout
     assert "Where the time goes" in proc.stdout
+
+
+def test_scaling_series_gets_its_cross_run_findings(tmp_path) -> None:
+    """The bundled GNMT series (16, 64, 512 chips; collectives grow with scale) reported together."""
+    series = PROJECT_ROOT / "sample_traces" / "scaling"
+    if not series.is_dir():
+        pytest.skip("bundled scaling samples missing")
+    html_path = tmp_path / "series.html"
+    proc = cli("report", str(series), "--html", str(html_path))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    _check_plain_100_columns(out)
+    assert out.startswith("3 runs")
+    # Runs listed from the smallest slice up, then the cross-run finding before the runs' own sections.
+    rows = [line.split()[0] for line in out.splitlines()[4:7]]
+    assert [r.split("_")[1][:6] for r in rows] == ["v3-32", "v3-128", "v3-102"]
+    assert out.index("Scaling across runs") < out.index("╭─ run ")
+    assert re.search(r"^1\. scaling-limit\s+\[(high|medium|low)\]", out, re.M)
+    document = html_path.read_text()
+    assert '<section id="scaling">' in document and 'data-rule="scaling-limit"' in document
