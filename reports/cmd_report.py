@@ -166,7 +166,10 @@ def _write_json(analyses: Sequence[Any], target: str) -> None:
     if target == "-":
         sys.stdout.write(text)
     else:
-        Path(target).write_text(text, encoding="utf-8")
+        try:
+            Path(target).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise TpuAnalyzeError(f"cannot write the JSON report: {exc.strerror or exc}", target) from exc
         click.echo(f"wrote {target} (JSON, {len(text.encode()):,} bytes)", err=True)
 
 
@@ -176,7 +179,12 @@ def _write_html(
     from tpuanalyze.reports.html import write_html
 
     with progress.phase("writing HTML report", enabled=show_progress):
-        size = write_html(analyses, target, scaling_items=series if series is not None else [])
+        try:
+            size = write_html(analyses, target, scaling_items=series if series is not None else [])
+        except OSError as exc:
+            raise TpuAnalyzeError(
+                f"cannot write the HTML report: {exc.strerror or exc}", str(target)
+            ) from exc
     click.echo(f"wrote {target} (HTML, {size / 1e6:.2f} MB, self-contained)", err=True)
 
 
@@ -243,6 +251,9 @@ def command(
       tpuanalyze report runs.duckdb --run 2 --html run2.html
     """
     _check_exists(paths)
+    for target in (json_path, html_path):  # fail before a long analysis, not after it
+        if target is not None and str(target) != "-" and not Path(target).resolve().parent.is_dir():
+            raise TpuAnalyzeError("cannot write here: no such directory", str(target))
     if thresholds is not None and not thresholds.is_file():
         raise TpuAnalyzeError("no such thresholds file", str(thresholds))
     show = progress.resolve_enabled(show_progress)

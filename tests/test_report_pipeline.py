@@ -161,6 +161,10 @@ def test_bad_input_is_one_line_exit_2_and_the_database_unchanged(tmp_path: Path)
     assert bad.stderr.startswith("tpuanalyze: error: ") and bad.stderr.strip().count("\n") == 0
     assert db.read_bytes() == before
 
+    unwritable = cli("report", str(db), "--html", str(tmp_path / "no" / "such" / "dir" / "r.html"))
+    assert unwritable.returncode == 2 and unwritable.stderr.strip().count("\n") == 0
+    assert "r.html" in unwritable.stderr
+
     thresholds = tmp_path / "bad.toml"
     thresholds.write_text("this is = = not toml")
     bad_thresholds = cli("report", str(db), "--thresholds", str(thresholds))
