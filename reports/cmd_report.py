@@ -63,7 +63,14 @@ def _install_views(db_path: Path, thresholds: Path | None) -> None:
 
 def _select_runs(con: Any, db_path: Path, selectors: Sequence[str]) -> list[int]:
     """Trace runs of the database (MLPerf-only runs have no trace to analyse), optionally by name or id."""
-    rows = con.execute("SELECT run_id, name, source_path, source_format FROM runs ORDER BY run_id").fetchall()
+    import duckdb
+
+    try:
+        rows = con.execute(
+            "SELECT run_id, name, source_path, source_format FROM runs ORDER BY run_id"
+        ).fetchall()
+    except duckdb.Error as exc:
+        raise TpuAnalyzeError("not a tpuanalyze database (no runs table)", str(db_path)) from exc
     trace_runs = [r for r in rows if r[3] != "mlperf"]
     if not selectors:
         return [r[0] for r in trace_runs]

@@ -161,6 +161,13 @@ def test_bad_input_is_one_line_exit_2_and_the_database_unchanged(tmp_path: Path)
     assert bad.stderr.startswith("tpuanalyze: error: ") and bad.stderr.strip().count("\n") == 0
     assert db.read_bytes() == before
 
+    import duckdb
+
+    foreign = tmp_path / "foreign.duckdb"
+    duckdb.connect(str(foreign)).close()
+    not_ours = cli("report", str(foreign))
+    assert not_ours.returncode == 2 and "not a tpuanalyze database" in not_ours.stderr
+
     unwritable = cli("report", str(db), "--html", str(tmp_path / "no" / "such" / "dir" / "r.html"))
     assert unwritable.returncode == 2 and unwritable.stderr.strip().count("\n") == 0
     assert "r.html" in unwritable.stderr
