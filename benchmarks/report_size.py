@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="keep trace, database and report here")
     parser.add_argument("--browser", action="store_true", help="also render in headless chromium")
+    parser.add_argument("--results", type=Path, default=None, help="also write a markdown summary here")
     parser.add_argument("--reuse", action="store_true", help="reuse OUT/bench.duckdb from an earlier run")
     args = parser.parse_args()
 
@@ -97,7 +98,41 @@ def main() -> int:
         result["browser_render_s"] = round(time.perf_counter() - start, 2)
         result["browser_status"] = page.status
     print(json.dumps(result, indent=2))
+    if args.results is not None:
+        args.results.write_text(results_markdown(result, args), encoding="utf-8")
     return 0 if result["under_10MB"] else 1
+
+
+def results_markdown(result: dict, args: argparse.Namespace) -> str:
+    """The figures as the markdown kept in benchmarks/results/report_size.md."""
+    lines = [
+        "# HTML report size on a generated pod",
+        "",
+        f"`python benchmarks/report_size.py --chips {args.chips} --steps {args.steps}"
+        f"{' --hosts ' + str(args.hosts) if args.hosts else ''}{' --browser' if args.browser else ''}`",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| run | {result['run']}: {result['hosts']} hosts, {result['devices']} cores, "
+        f"{result['steps']} train steps |",
+        f"| events ingested | {result['events']:,} |",
+        f"| HTML report | {result['html_bytes']:,} bytes (budget 10,000,000) |",
+        f"| of which vendored Vega JS | {result['vendored_js_bytes']:,} bytes |",
+        f"| baseline: per-device-step rows as chart data | "
+        f"{result['baseline_naive_step_rows_json_bytes']:,} bytes |",
+        f"| report / baseline | {result['size_ratio_vs_baseline']} |",
+        f"| analyse (analyzer) | {result['analyze_s']} s |",
+        f"| render HTML | {result['render_html_s']} s |",
+    ]
+    if "browser_status" in result:
+        status = result["browser_status"]
+        lines.append(
+            f"| headless Chromium | {result['browser_render_s']} s, "
+            f"{status.get('rendered')}/{status.get('charts')} charts rendered, "
+            f"{len(status.get('errors', []))} errors |"
+        )
+    lines += ["", "The baseline grows with cores x steps; the report grows by one heatmap row per host."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
