@@ -157,3 +157,20 @@ def test_real_shared_traces_render_together(tmp_path: Path, shared_traces: Path)
     assert page.status["warnings"] == [], page.status["warnings"]
     assert page.dom.count('<section class="run"') == 3
     assert "TPU v6 Lite" in page.dom
+
+
+def test_hostile_run_names_are_escaped(tmp_path: Path) -> None:
+    """Run names come from folder names: markup in them must stay text (HTML and chart data)."""
+    import dataclasses
+
+    from tpuanalyze.analyzer.api import analyze_db
+    from tpuanalyze.reports.html import render_html
+
+    db, run_ids = ingested(generated_run())
+    (analysis,) = analyze_db(db, list(run_ids))
+    name = '</script><img src="https://evil.example/x.png">'
+    hostile = dataclasses.replace(analysis, summary={**analysis.summary, "run": name})
+    document = render_html([hostile])
+    assert name not in document
+    assert external_references(document) == []
+    assert "&lt;/script&gt;&lt;img" in document  # shown as text in the header
