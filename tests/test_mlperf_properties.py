@@ -18,8 +18,9 @@ def test_olympic_score_ignores_order_and_drops_best_and_worst(values, rnd):
     rnd.shuffle(shuffled)
     score = olympic_score(shuffled, ["success"] * len(values), "v0.7")
     kept = sorted(values)[1:-1]
-    assert abs(score.seconds - sum(kept) / len(kept)) <= 1e-9 * max(values)
-    assert min(values) <= score.seconds <= max(values)
+    tolerance = 1e-9 * max(values)  # a float mean of equal values can land an ulp outside them
+    assert abs(score.seconds - sum(kept) / len(kept)) <= tolerance
+    assert min(values) - tolerance <= score.seconds <= max(values) + tolerance
     assert score.counted == len(values) - 2
 
 
