@@ -72,13 +72,11 @@ META_SCHEMA = pa.schema(
     + [("stats", pa.string())]
 )
 
-# Event batch columns, in the order the loader selects them.
+# Event batch columns (the ``event_rows`` storage: names and metadata values are not repeated per
+# event; the ``events`` view joins them from ``event_metadata``).
 EVENT_COLUMNS = [
     "line_index",
-    "line",
     "metadata_id",
-    "name",
-    "display_name",
     "start_ps",
     "duration_ps",
     "num_occurrences",
@@ -327,24 +325,15 @@ def event_batch(
     num_occurrences: pa.Array,
     stats: StatLong | None,
 ) -> pa.Table:
-    """Assemble one batch of events (column order ``EVENT_COLUMNS``), vectorised throughout."""
-    n = len(metadata_ids)
-    md_keys = metadata.column("metadata_id").to_numpy()
-    m = len(md_keys)
-    if m:
-        order = np.argsort(md_keys, kind="stable")
-        pos = np.clip(np.searchsorted(md_keys[order], metadata_ids), 0, m - 1)
-        found = md_keys[order][pos] == metadata_ids
-        md_idx = np.where(found, order[pos], m)
-    else:
-        md_idx = np.zeros(n, dtype=np.int64)
-    names = pa.concat_arrays([metadata.column("name").combine_chunks(), pa.array([""], pa.string())])
-    display = pc.coalesce(
-        pc.if_else(pc.equal(metadata.column("display_name"), ""), None, metadata.column("display_name")),
-        metadata.column("name"),
-    )
-    displays = pa.concat_arrays([display.combine_chunks(), pa.array([""], pa.string())])
+    """Assemble one batch of event rows (column order ``EVENT_COLUMNS``), vectorised throughout.
 
+    Typed columns hold the event's own stat values only (NULL where the event has none: the
+    ``events`` view then takes its metadata's); the event's other stats become JSON text.
+    ``line_names`` and ``metadata`` are accepted for readers' convenience (names are resolved by
+    the view), so every reader keeps one call shape.
+    """
+    del line_names, metadata
+    n = len(metadata_ids)
     event_typed: dict[str, Any] = {}
     stats_json = pa.nulls(n, pa.string())
     if stats is not None and len(stats.owner):
@@ -360,35 +349,23 @@ def event_batch(
 
     columns: dict[str, Any] = {
         "line_index": pa.array(line_index.astype(np.int32, copy=False)),
-        "line": _dict_array(line_index, pa.array(line_names, pa.string())),
         "metadata_id": pa.array(metadata_ids.astype(np.int64, copy=False)),
-        "name": _dict_array(md_idx, names),
-        "display_name": _dict_array(md_idx, displays),
         "start_ps": pa.array(start_ps.astype(np.int64, copy=False)),
         "duration_ps": pa.array(duration_ps.astype(np.int64, copy=False)),
         "num_occurrences": num_occurrences,
     }
     for column, pa_type in TYPED_COLUMNS:
-        md_values = pa.concat_arrays([metadata.column(column).combine_chunks(), pa.nulls(1, pa_type)])
         override = event_typed.get(column)
-        if pa.types.is_string(pa_type):
-            if override is None and md_values.null_count == len(md_values):
-                columns[column] = pa.nulls(n, pa.string())
-                continue
-            idx = md_idx
-            dictionary = md_values
-            if override is not None:
-                owners, values = override
-                dictionary = pa.concat_arrays([md_values, values])
-                idx = md_idx.copy()
-                idx[owners] = m + 1 + np.arange(len(owners))
-            columns[column] = _dict_array(idx, dictionary)
+        if override is None:
+            columns[column] = pa.nulls(n, pa_type)
+        elif pa.types.is_string(pa_type):
+            owners, values = override
+            index = np.full(n, -1, dtype=np.int64)
+            index[owners] = np.arange(len(owners))
+            columns[column] = values.take(pa.array(index, mask=index < 0))
         else:
-            base = md_values.take(pa.array(md_idx))
-            if override is not None:
-                present, values = override
-                base = pc.if_else(pa.array(present), pa.array(values, pa_type), base)
-            columns[column] = base
+            present, values = override
+            columns[column] = pa.array(values, pa_type, mask=~present)
     columns["stats"] = stats_json
     return pa.table({name: columns[name] for name in EVENT_COLUMNS})
 

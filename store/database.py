@@ -39,15 +39,15 @@ def connect(db_path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConn
 
 
 def _add_missing_columns(con: duckdb.DuckDBPyConnection) -> None:
-    """Bring a database written by an older tpuanalyze up to the current events columns."""
-    columns = {
-        r[0]
-        for r in con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'events'"
-        ).fetchall()
-    }
-    if columns and "metadata_id" not in columns:
-        con.execute("ALTER TABLE events ADD COLUMN metadata_id BIGINT")
+    """Refuse a database whose ``events`` is still a table (written by an early tpuanalyze)."""
+    rows = con.execute(
+        "SELECT table_type FROM information_schema.tables "
+        "WHERE table_schema = 'main' AND table_name = 'events'"
+    ).fetchall()
+    if rows and rows[0][0] == "BASE TABLE":
+        raise duckdb.InvalidInputException(
+            "written by an older tpuanalyze (events is a table); ingest into a new database file"
+        )
 
 
 def run_ids(con: duckdb.DuckDBPyConnection) -> list[int]:

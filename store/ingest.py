@@ -155,7 +155,7 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
     return summary
 
 
-RUN_TABLES = ("runs", "hosts", "planes", "lines", "event_metadata", "events")
+RUN_TABLES = ("runs", "hosts", "planes", "lines", "event_metadata", "event_rows")
 STAGING_MEMORY_LIMIT = "256MB"
 LOAD_MEMORY_LIMIT = "256MB"  # DuckDB buffer pool while loading (its uncommitted rows come on top)
 DIRECT_MAX_EVENTS = 4_000_000  # above this, stage through a scratch DB to bound memory

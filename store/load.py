@@ -21,11 +21,10 @@ from tpuanalyze.parsers.staging import EVENT_COLUMNS, TYPED_COLUMNS, HostReader,
 
 _TYPED = ", ".join(c for c, _ in TYPED_COLUMNS)
 _INSERT_EVENTS = f"""
-INSERT INTO events (run_id, host, plane_index, line_index, plane, line, device_ordinal, name,
-                    display_name, start_ps, duration_ps, num_occurrences, {_TYPED}, stats, metadata_id)
-SELECT $run_id, $host, $plane_index, line_index, $plane, line, $device_ordinal, name,
-       display_name, start_ps + $shift_ps, duration_ps, num_occurrences, {_TYPED},
-       CAST(stats AS JSON), metadata_id
+INSERT INTO event_rows (run_id, host, plane_index, line_index, metadata_id, start_ps, duration_ps,
+                        num_occurrences, {_TYPED}, stats)
+SELECT $run_id, $host, $plane_index, line_index, metadata_id, start_ps + $shift_ps, duration_ps,
+       num_occurrences, {_TYPED}, CAST(stats AS JSON)
 FROM stg_events
 """
 _INSERT_METADATA = f"""
@@ -178,12 +177,7 @@ def _load_host(
         _register(con, "stg_metadata", plane.metadata)
         con.execute(_INSERT_METADATA, params)
         _unregister(con, "stg_metadata")
-        event_params = {
-            **params,
-            "plane": info.name,
-            "device_ordinal": info.device_ordinal,
-            "shift_ps": shift_ps,
-        }
+        event_params = {**params, "shift_ps": shift_ps}
         for batch in batches:
             _register(con, "stg_events", batch)
             con.execute(_INSERT_EVENTS, event_params)
@@ -233,7 +227,7 @@ def insert_run(
     )
     _unregister(con, "stg_hosts")
     window = con.execute(
-        "SELECT min(start_ps), max(start_ps + duration_ps) FROM events WHERE run_id = ?", [run_id]
+        "SELECT min(start_ps), max(start_ps + duration_ps) FROM event_rows WHERE run_id = ?", [run_id]
     ).fetchall()[0]
     metadata: dict[str, Any] = {}
     for h in run.hosts:

@@ -60,35 +60,6 @@ CREATE TABLE IF NOT EXISTS lines (
     num_events      BIGINT NOT NULL
 );
 
-CREATE TABLE IF NOT EXISTS events (
-    run_id          INTEGER NOT NULL,
-    host            VARCHAR NOT NULL,
-    plane_index     INTEGER NOT NULL,
-    line_index      INTEGER NOT NULL,
-    plane           VARCHAR NOT NULL,     -- plane name (denormalized for easy queries)
-    line            VARCHAR NOT NULL,     -- line name
-    device_ordinal  INTEGER,              -- of the plane, NULL on host planes
-    name            VARCHAR NOT NULL,     -- event metadata name (HLO text on TPU 'XLA Ops')
-    display_name    VARCHAR,              -- event metadata display name (short op name), else name
-    start_ps        BIGINT NOT NULL,      -- relative to runs.t0_ns
-    duration_ps     BIGINT NOT NULL,
-    num_occurrences BIGINT,               -- aggregated events (XEvent.num_occurrences), else NULL
-    hlo_category    VARCHAR,              -- stat hlo_category
-    hlo_module      VARCHAR,              -- stat hlo_module / hlo_proto / XLA Modules name
-    program_id      UBIGINT,              -- stat program_id
-    flops           DOUBLE,               -- stat flops
-    bytes_accessed  DOUBLE,               -- stat bytes_accessed
-    tf_op           VARCHAR,              -- stat tf_op (framework op path)
-    shape           VARCHAR,              -- stat shape_with_layout
-    source          VARCHAR,              -- stat source (file:line)
-    step_num        BIGINT,               -- stat step_num / iter_num
-    group_id        BIGINT,               -- stat group_id (step grouping)
-    correlation_id  BIGINT,               -- stat correlation_id
-    stats           JSON,                 -- the event's own other stats, name -> value (metadata stats:
-                                          -- event_metadata.stats)
-    metadata_id     BIGINT                -- XEvent.metadata_id (key into event_metadata)
-);
-
 -- One row per event metadata (XEventMetadata) of a plane: the op/name table events point at.
 CREATE TABLE IF NOT EXISTS event_metadata (
     run_id          INTEGER NOT NULL,
@@ -110,6 +81,64 @@ CREATE TABLE IF NOT EXISTS event_metadata (
     correlation_id  BIGINT,
     stats           JSON                  -- the metadata's other stats, name -> value
 );
+
+-- Storage of the events: one numeric row per trace event. Names and op properties live once per
+-- event metadata (event_metadata); the typed columns here hold only values the event itself
+-- carries (NULL: take the metadata's). Query the `events` view, not this table.
+CREATE TABLE IF NOT EXISTS event_rows (
+    run_id          INTEGER NOT NULL,
+    host            VARCHAR NOT NULL,
+    plane_index     INTEGER NOT NULL,
+    line_index      INTEGER NOT NULL,
+    metadata_id     BIGINT,
+    start_ps        BIGINT NOT NULL,
+    duration_ps     BIGINT NOT NULL,
+    num_occurrences BIGINT,
+    hlo_category    VARCHAR,
+    hlo_module      VARCHAR,
+    program_id      UBIGINT,
+    flops           DOUBLE,
+    bytes_accessed  DOUBLE,
+    tf_op           VARCHAR,
+    shape           VARCHAR,
+    source          VARCHAR,
+    step_num        BIGINT,
+    group_id        BIGINT,
+    correlation_id  BIGINT,
+    stats           JSON
+);
+
+-- The events relation users query (contract): one row per trace event, names and typed stats
+-- resolved (event value wins over its metadata's).
+CREATE VIEW IF NOT EXISTS events AS
+SELECT r.run_id, r.host, r.plane_index, r.line_index,
+       p.name AS plane,                   -- plane name
+       l.name AS line,                    -- line name
+       p.device_ordinal,                  -- of the plane, NULL on host planes
+       COALESCE(m.name, '') AS name,      -- event metadata name (HLO text on TPU 'XLA Ops')
+       COALESCE(NULLIF(m.display_name, ''), m.name, '') AS display_name,
+       r.start_ps,                        -- relative to runs.t0_ns
+       r.duration_ps,
+       r.num_occurrences,                 -- aggregated events (XEvent.num_occurrences), else NULL
+       COALESCE(r.hlo_category, m.hlo_category) AS hlo_category,
+       COALESCE(r.hlo_module, m.hlo_module) AS hlo_module,
+       COALESCE(r.program_id, m.program_id) AS program_id,
+       COALESCE(r.flops, m.flops) AS flops,
+       COALESCE(r.bytes_accessed, m.bytes_accessed) AS bytes_accessed,
+       COALESCE(r.tf_op, m.tf_op) AS tf_op,
+       COALESCE(r.shape, m.shape) AS shape,
+       COALESCE(r.source, m.source) AS source,
+       COALESCE(r.step_num, m.step_num) AS step_num,
+       COALESCE(r.group_id, m.group_id) AS group_id,
+       COALESCE(r.correlation_id, m.correlation_id) AS correlation_id,
+       r.stats,                           -- the event's own other stats (metadata's: event_metadata)
+       r.metadata_id                      -- XEvent.metadata_id (key into event_metadata)
+FROM event_rows r
+JOIN planes p ON p.run_id = r.run_id AND p.host = r.host AND p.plane_index = r.plane_index
+JOIN lines l ON l.run_id = r.run_id AND l.host = r.host AND l.plane_index = r.plane_index
+            AND l.line_index = r.line_index
+LEFT JOIN event_metadata m ON m.run_id = r.run_id AND m.host = r.host AND m.plane_index = r.plane_index
+                          AND m.metadata_id = r.metadata_id;
 
 -- Every stat of an event, merged: metadata stats overridden by the event's own (typed ones excluded).
 CREATE VIEW IF NOT EXISTS event_stats AS
