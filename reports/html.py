@@ -206,13 +206,6 @@ def scaling_blocks(analyses: Sequence[Any]) -> list[ChartBlock]:
     return blocks
 
 
-def series_findings(items: Sequence[Any]) -> list[dict]:
-    """Cross-run findings (scaling-limit, catalog §3.13) of ScalingAnalysis series; runs have their own."""
-    return [
-        f for item in items if hasattr(item, "projection") for f in (getattr(item, "findings", None) or [])
-    ]
-
-
 def _fit_container(chart: Any) -> Any:
     """Charts made with a fixed width follow the card's width instead (laptop screens, two columns)."""
     try:
@@ -264,7 +257,7 @@ def render_html(
     if scaling_items is None:  # several RunAnalysis objects: scaling_charts decides if they form a series
         scaling_items = analyses if len(analyses) > 1 else []
     scaling = scaling_blocks(scaling_items)
-    scaling_findings = view.ranked_findings(series_findings(scaling_items))
+    scaling_findings = view.ranked_findings(view.series_findings(scaling_items))
     chart_count = sum(1 for s in sections for c in s.charts.values() if c.spec_json) + sum(
         1 for c in scaling if c.spec_json
     )

@@ -216,9 +216,7 @@ def render_runs(analyses: Sequence[Any], console: Console | None = None, series:
     console = console or make_console()
     if len(analyses) > 1:
         console.print(overview_table(analyses))
-    from tpuanalyze.reports.html import series_findings
-
-    scaling = view.ranked_findings(series_findings(series))
+    scaling = view.ranked_findings(view.series_findings(series))
     if scaling:
         console.print(findings_block(scaling, "Scaling across runs: findings, by estimated gain"))
         console.print()

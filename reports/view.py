@@ -9,6 +9,7 @@ terminal summary and the HTML report never disagree.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +213,13 @@ def ranked_findings(findings: list[dict] | None) -> list[FindingView]:
             v.rule,
         ),
     )
+
+
+def series_findings(items: Sequence[Any]) -> list[dict]:
+    """Cross-run findings (scaling-limit, catalog §3.13) of ScalingAnalysis series; runs have their own."""
+    return [
+        f for item in items if hasattr(item, "projection") for f in (getattr(item, "findings", None) or [])
+    ]
 
 
 def run_findings(analysis: Any) -> list[dict]:
