@@ -296,16 +296,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, default=DEFAULT_OUT, help="written first when missing")
     parser.add_argument("--events", type=int, default=LargeSpec.events, help="events when writing the trace")
     parser.add_argument("--regenerate", action="store_true", help="rewrite the trace even when present")
-    parser.add_argument("--db", type=Path, default=Path("/tmp/tpuanalyze_bench/bench.duckdb"))
+    parser.add_argument("--db", type=Path, help="database file (default: a fresh temporary folder per run)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per contender; the fastest is kept")
     parser.add_argument("--commit", help="benchmark this git commit (e.g. HEAD) instead of the working tree")
     parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
     args = parser.parse_args(argv)
 
+    # Private scratch per run: two benchmark runs at once must not share a database or a snapshot.
+    scratch = Path(tempfile.mkdtemp(prefix="tpuanalyze_bench_"))
+    args.db = args.db or scratch / "bench.duckdb"
     code = "the installed working tree"
     if args.commit:
-        commit = snapshot_commit(args.commit, Path(tempfile.gettempdir()) / "tpuanalyze_bench_commit")
-        os.environ["PYTHONPATH"] = str(Path(tempfile.gettempdir()) / "tpuanalyze_bench_commit" / "pkg")
+        commit = snapshot_commit(args.commit, scratch / "commit")
+        os.environ["PYTHONPATH"] = str(scratch / "commit" / "pkg")
         code = f"commit {commit[:10]}"
     print(f"benchmarking {code}", flush=True)
     if args.regenerate or not args.trace.exists():
@@ -368,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         notes = old[old.index(NOTES_MARK):] if NOTES_MARK in old else NOTES_MARK + "\n"
         RESULTS.write_text(report + "\n" + notes)
         print(f"wrote {RESULTS.relative_to(PROJECT_ROOT)}")
+    shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
