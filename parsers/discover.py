@@ -8,7 +8,11 @@ same capture as Chrome-trace JSON. Rules (docs/schema.md, "How paths become runs
   ``.xplane.pb`` files, or, only when it has none, the ``.trace.json[.gz]`` files;
 * a single file named directly is a run of its own (even a ``.trace.json.gz`` beside an xplane);
 * any other folder is searched recursively: each run folder inside is a run, and each other trace
-  file is a run of its own (generic ``.json[.gz]`` only when it looks like a Chrome trace).
+  file is a run of its own (generic ``.json[.gz]`` only when it looks like a Chrome trace);
+* MLPerf result logs ride along (:func:`discover_inputs`): a file that is not a trace but holds
+  ``:::MLLOG``/``:::MLL`` lines, and, while walking, ``*.txt``/``*.log``/``result_*`` files that do
+  (only those names are sniffed, so a big logdir costs no extra reads). The MLPerf reader groups
+  them into result folders (one run each).
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpuanalyze.parsers.mlperf import is_mlperf_log
+
 from tpuanalyze.errors import TraceFormatError
 
 XSPACE_SUFFIX = ".xplane.pb"
 TRACE_JSON_SUFFIXES = (".trace.json", ".trace.json.gz")
 JSON_SUFFIXES = (".json", ".json.gz")
+MLPERF_SNIFF_SUFFIXES = (".txt", ".log")  # plus names starting with MLPERF_SNIFF_PREFIX
+MLPERF_SNIFF_PREFIX = "result_"
 
 
 @dataclass
@@ -34,6 +42,14 @@ class RunSource:
     source_format: str  # 'xspace' | 'chrome_json'
     files: list[tuple[str, Path]]  # (host, file)
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Inputs:
+    """What the user's paths name: trace runs and MLPerf result log files (absolute, each once)."""
+
+    runs: list[RunSource] = field(default_factory=list)
+    mlperf_files: list[Path] = field(default_factory=list)
 
 
 def host_name(path: Path) -> str:
@@ -74,6 +90,14 @@ def looks_like_chrome_trace(path: Path, probe_bytes: int = 1 << 20) -> bool:
     return b'"traceEvents"' in head or (stripped.startswith(b"[") and b'"ph"' in head)
 
 
+def worth_mlperf_sniff(path: Path) -> bool:
+    """Names a walk sniffs for MLPerf lines: ``*.txt``, ``*.log``, ``result_*`` (never trace files)."""
+    name = path.name
+    return file_format(path) is None and (
+        name.endswith(MLPERF_SNIFF_SUFFIXES) or name.startswith(MLPERF_SNIFF_PREFIX)
+    )
+
+
 def _run_from_folder(folder: Path) -> RunSource | None:
     files = sorted(p for p in folder.iterdir() if p.is_file())
     xspaces = [p for p in files if p.name.endswith(XSPACE_SUFFIX)]
@@ -94,7 +118,8 @@ def _run_from_file(path: Path) -> RunSource:
     fmt = file_format(path)
     if fmt is None:
         raise TraceFormatError(
-            "not a trace file (expected .xplane.pb, .trace.json, .trace.json.gz, .json or .json.gz)",
+            "not a trace file or MLPerf result log (expected .xplane.pb, .trace.json, .trace.json.gz, "
+            ".json, .json.gz, or ':::MLLOG'/':::MLL' lines)",
             str(path),
         )
     host = host_name(path)
@@ -102,48 +127,64 @@ def _run_from_file(path: Path) -> RunSource:
     return RunSource(name, str(path.resolve()), fmt, [(host, path)])
 
 
-def _walk(root: Path) -> list[RunSource]:
-    runs: list[RunSource] = []
+def _walk(root: Path, found: Inputs) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         here = Path(dirpath)
         if is_run_folder(here):
             run = _run_from_folder(here)
             if run:
-                runs.append(run)
+                found.runs.append(run)
             dirnames[:] = []  # nothing below a run folder is a separate run
             continue
         for name in sorted(filenames):
             path = here / name
             fmt = file_format(path)
             if fmt == "xspace" or name.endswith(TRACE_JSON_SUFFIXES):
-                runs.append(_run_from_file(path))
+                found.runs.append(_run_from_file(path))
             elif fmt == "chrome_json" and looks_like_chrome_trace(path):
-                runs.append(_run_from_file(path))
-    return runs
+                found.runs.append(_run_from_file(path))
+            elif worth_mlperf_sniff(path) and is_mlperf_log(path):
+                found.mlperf_files.append(path.resolve())
 
 
-def discover(paths: list[str | Path]) -> list[RunSource]:
-    """Runs named by the paths, in order, each source path once. Missing paths are errors."""
-    runs: list[RunSource] = []
+def discover_inputs(paths: list[str | Path]) -> Inputs:
+    """Trace runs and MLPerf logs named by the paths, in order, each once. Missing paths are errors,
+    and so is a folder holding neither."""
+    inputs = Inputs()
     seen: set[str] = set()
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise TraceFormatError("no such file or directory", str(raw))
+        found = Inputs()
         if path.is_file():
-            found = [_run_from_file(path)]
+            if file_format(path) is None and is_mlperf_log(path):
+                found.mlperf_files.append(path.resolve())
+            else:
+                found.runs.append(_run_from_file(path))
         elif is_run_folder(path):
             run = _run_from_folder(path)
             if run is None:
                 raise TraceFormatError("run folder holds no .xplane.pb or .trace.json[.gz] file", str(raw))
-            found = [run]
+            found.runs.append(run)
         else:
-            found = _walk(path)
-            if not found:
-                raise TraceFormatError("no trace files found (.xplane.pb, .trace.json[.gz])", str(raw))
-        for run in found:
+            _walk(path, found)
+            if not found.runs and not found.mlperf_files:
+                raise TraceFormatError(
+                    "no trace files (.xplane.pb, .trace.json[.gz]) or MLPerf result logs found", str(raw)
+                )
+        for run in found.runs:
             if run.source_path not in seen:
                 seen.add(run.source_path)
-                runs.append(run)
-    return runs
+                inputs.runs.append(run)
+        for file in found.mlperf_files:
+            if str(file) not in seen:
+                seen.add(str(file))
+                inputs.mlperf_files.append(file)
+    return inputs
+
+
+def discover(paths: list[str | Path]) -> list[RunSource]:
+    """The trace runs named by the paths (MLPerf logs among them are left out: see discover_inputs)."""
+    return discover_inputs(paths).runs

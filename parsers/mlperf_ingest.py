@@ -38,14 +38,17 @@ def connect(db_path: str | Path) -> duckdb.DuckDBPyConnection:
     return store_connect(db_path)
 
 
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str):
+    """First value of a one-row query, fully fetched: DuckDB 2.0 refuses a new statement on a
+    connection whose previous result was only partly read (``fetchone``), and this connection is
+    the caller's, inside its shared ingest transaction."""
+    return con.execute(sql).fetchall()[0][0]
+
+
 def _next_run_id(con: duckdb.DuckDBPyConnection) -> int:
-    has_sequence = con.execute(
-        "SELECT count(*) FROM duckdb_sequences() WHERE sequence_name = 'run_id_seq'").fetchone()[0]
-    if has_sequence:
-        candidate = int(con.execute("SELECT nextval('run_id_seq')").fetchone()[0])
-    else:
-        candidate = 1
-    highest = con.execute("SELECT coalesce(max(run_id), 0) FROM runs").fetchone()[0]
+    has_sequence = _scalar(con, "SELECT count(*) FROM duckdb_sequences() WHERE sequence_name = 'run_id_seq'")
+    candidate = int(_scalar(con, "SELECT nextval('run_id_seq')")) if has_sequence else 1
+    highest = _scalar(con, "SELECT coalesce(max(run_id), 0) FROM runs")
     return max(candidate, int(highest) + 1)
 
 

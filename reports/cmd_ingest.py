@@ -1,4 +1,4 @@
-"""``tpuanalyze ingest PATH... --db FILE``: read traces into the DuckDB trace database."""
+"""``tpuanalyze ingest PATH... --db FILE``: read traces and MLPerf result logs into the DuckDB database."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ from tpuanalyze.store.ingest import ingest_paths
     help="Progress bar (default: only when stderr is a terminal).",
 )
 def command(paths: tuple[str, ...], db_path: str, progress: bool | None) -> None:
-    """Ingest XSpace (.xplane.pb) and Chrome-trace JSON files, run folders or logdirs.
+    """Ingest XSpace (.xplane.pb) and Chrome-trace JSON files, run folders or logdirs, and MLPerf
+    result logs (:::MLLOG / :::MLL result_N.txt; one run per result folder), mixed freely.
 
     All or nothing: a bad file leaves the database unchanged. Re-ingesting a path replaces its run.
+    The analyzer's attribution views (step_breakdown, ...) are created for `tpuanalyze sql`.
     """
     show = sys.stderr.isatty() if progress is None else progress
     summary = ingest_paths(list(paths), db_path, progress=show)
@@ -31,7 +33,14 @@ def command(paths: tuple[str, ...], db_path: str, progress: bool | None) -> None
     if summary.replaced_run_ids:
         replaced = f", replaced run(s) {', '.join(map(str, summary.replaced_run_ids))}"
     ids = ", ".join(map(str, summary.run_ids))
+    mlperf = ""
+    if summary.mlperf_runs:
+        mlperf = (
+            f" ({summary.mlperf_runs} MLPerf result folder(s): {summary.mlperf_results} result files, "
+            f"{summary.mlperf_intervals:,} intervals)"
+        )
     click.echo(
-        f"ingested {summary.runs} run(s) [run_id {ids}], {summary.hosts} host(s), {summary.planes} planes, "
-        f"{summary.events:,} events in {summary.seconds:.2f} s into {db_path}{replaced}"
+        f"ingested {summary.runs} run(s){mlperf} [run_id {ids}], {summary.hosts} host(s), "
+        f"{summary.planes} planes, {summary.events:,} events in {summary.seconds:.2f} s "
+        f"into {db_path}{replaced}"
     )

@@ -6,6 +6,7 @@ import csv
 import datetime
 import decimal
 import json
+import re
 import sys
 import uuid
 from typing import Any
@@ -33,10 +34,51 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def ensure_views(con: duckdb.DuckDBPyConnection, query: str, db_path: str) -> list[str]:
+    """Attribution views for a query that names them, on a database that lacks them.
+
+    ``tpuanalyze ingest`` installs step_breakdown, device_breakdown, collective_time, op_steps and
+    att_* in the database; one written otherwise (``tpuanalyze mlperf --db``, an older tpuanalyze,
+    a failed view install) gets them here as TEMP views of this read-only connection (same SQL,
+    default thresholds; ~0.3 s, so only when the query names one). Returns the views created.
+    """
+    from tpuanalyze.analyzer.attribution import STAGE_NAMES
+
+    named = re.search(r"\b(" + "|".join(STAGE_NAMES) + r")\b", query, re.IGNORECASE)
+    if not named:
+        return []
+    present = con.execute(
+        "SELECT count(*) FROM duckdb_views() WHERE database_name = current_database() "
+        "AND NOT temporary AND list_contains(?, view_name)",
+        [STAGE_NAMES],
+    ).fetchall()[0][0]
+    if present == len(STAGE_NAMES):
+        return []
+    from tpuanalyze.analyzer.attribution import view_sql
+    from tpuanalyze.analyzer.config import load_thresholds
+
+    try:
+        for name, sql in view_sql(load_thresholds()).items():
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}").fetchall()
+    except duckdb.Error as exc:
+        text = str(exc).strip()
+        reason = text.splitlines()[0] if text else type(exc).__name__
+        raise TpuAnalyzeError(
+            f"query names {named.group(1)}, but the attribution views cannot be created on this "
+            f"database (is it a tpuanalyze database?): {reason}",
+            db_path,
+        ) from None
+    return list(STAGE_NAMES)
+
+
 def run_query(db_path: str, query: str) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
-    """Column names, rows and DuckDB type names of a query (read-only); bad SQL -> TpuAnalyzeError."""
+    """Column names, rows and DuckDB type names of a query (read-only); bad SQL -> TpuAnalyzeError.
+
+    The attribution views the findings' evidence SQL uses are created as TEMP views when the
+    database lacks them (see ensure_views)."""
     con = connect(db_path, read_only=True)
     try:
+        ensure_views(con, query, db_path)
         cursor = con.execute(query)
         if cursor.description is None:
             return [], [], []

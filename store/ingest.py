@@ -1,14 +1,18 @@
-"""``ingest_paths``: traces -> DuckDB, all or nothing per call.
+"""``ingest_paths``: traces and MLPerf result logs -> DuckDB, all or nothing per call.
 
 Two passes. First every file of every run is parsed and validated (a bad file stops the call
 before the database is even opened, so it stays exactly as it was) and each host's time zero is
-found; then one transaction replaces runs that came from the same source paths and streams the new
-ones in, plane by plane, in Arrow batches; any error there rolls the whole call back.
+found; MLPerf logs are parsed whole. Then one transaction replaces runs that came from the same
+source paths and streams the new ones in, plane by plane, in Arrow batches, then writes the MLPerf
+result folders; any error there rolls the whole call back. After the commit the analyzer's
+attribution views are (re)created, so findings' evidence SQL runs on the database.
 Parsed files are kept between the passes while they fit ``KEEP_BYTES``, else re-read.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
 import time
@@ -17,7 +21,8 @@ from pathlib import Path
 
 import duckdb
 from tpuanalyze.parsers.chrome_json import ChromeJsonReader
-from tpuanalyze.parsers.discover import RunSource, discover
+from tpuanalyze.parsers.discover import RunSource, discover_inputs
+from tpuanalyze.parsers.mlperf import MlperfTables, load_mlperf
 from tpuanalyze.parsers.staging import HostReader
 from tpuanalyze.parsers.xspace import XSpaceReader
 from tpuanalyze.store.database import connect, delete_run, new_run_id
@@ -33,7 +38,7 @@ KEEP_BYTES = 256 << 20  # parsed input kept in memory between the two passes
 class IngestSummary:
     """What one ``ingest_paths`` call loaded."""
 
-    runs: int = 0
+    runs: int = 0  # trace runs + MLPerf result folders
     hosts: int = 0
     planes: int = 0
     events: int = 0
@@ -41,6 +46,10 @@ class IngestSummary:
     run_ids: list[int] = field(default_factory=list)
     replaced_run_ids: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    mlperf_runs: int = 0  # result folders (each one run, counted in ``runs`` too)
+    mlperf_results: int = 0  # result files
+    mlperf_intervals: int = 0  # init/run/block/eval/epoch intervals (not counted in ``events``)
+    views: list[str] = field(default_factory=list)  # attribution views installed after the load
 
 
 class _HostSlot:
@@ -134,10 +143,13 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
     started = time.perf_counter()
     if not paths:
         raise TpuAnalyzeError("no paths given")
-    sources = discover(list(paths))
+    inputs = discover_inputs(list(paths))
+    sources = inputs.runs
     summary = IngestSummary()
     with _Progress(progress) as bar:
         slots = _validate_runs(sources, bar)
+        # parsed whole before the database is opened: a bad log is refused with the database untouched
+        mlperf = load_mlperf(inputs.mlperf_files) if inputs.mlperf_files else None
         plans = [
             RunPlan(s.name, s.source_path, s.source_format, _LazyHosts(host_slots), list(s.notes))
             for s, host_slots in zip(sources, slots, strict=True)
@@ -147,8 +159,9 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
             plan.fixed_t0 = min(t0s) if t0s else None  # type: ignore[attr-defined]
         total = sum(h.num_events for host_slots in slots for h in host_slots)
         task = bar.task("loading", total)
-        _store(plans, db_path, summary, lambda n: bar.advance(task, n), total)
-    summary.runs = len(plans)
+        _store(plans, mlperf, db_path, summary, lambda n: bar.advance(task, n), total)
+    _install_views(db_path, summary)
+    summary.runs = len(plans) + summary.mlperf_runs
     summary.hosts = sum(len(p.hosts) for p in plans)
     summary.notes = [note for p in plans for note in p.notes]
     summary.seconds = time.perf_counter() - started
@@ -224,14 +237,87 @@ def _columns(con: duckdb.DuckDBPyConnection, catalog: str, table: str) -> list[s
 
 
 def _store(
-    plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch, total_events: int
+    plans: list[RunPlan],
+    mlperf: MlperfTables | None,
+    db_path: str | Path,
+    summary: IngestSummary,
+    on_batch,
+    total_events: int,
 ) -> None:
     """Load the runs in ONE transaction (replacing old runs): directly when the call is small enough
     for DuckDB's uncommitted rows to fit in memory, else staged through a scratch database."""
     if total_events <= DIRECT_MAX_EVENTS:
-        _store_direct(plans, db_path, summary, on_batch)
+        _store_direct(plans, mlperf, db_path, summary, on_batch)
     else:
-        _store_staged(plans, db_path, summary, on_batch)
+        _store_staged(plans, mlperf, db_path, summary, on_batch)
+
+
+def _store_mlperf(
+    con: duckdb.DuckDBPyConnection, mlperf: MlperfTables | None, summary: IngestSummary
+) -> None:
+    """Write the parsed MLPerf result folders inside the caller's transaction (after the trace runs,
+    so their run ids come first). A re-ingested folder keeps its run_id; it is reported as replaced."""
+    if mlperf is None:
+        return
+    from tpuanalyze.parsers.mlperf_ingest import ingest_tables_into
+
+    folders = sorted(set(mlperf.results.column("folder").to_pylist()))
+    old = con.execute(
+        "SELECT run_id FROM runs WHERE list_contains(?, source_path) ORDER BY run_id", [folders]
+    ).fetchall()
+    counts = ingest_tables_into(con, mlperf)
+    summary.replaced_run_ids.extend(int(r[0]) for r in old)
+    summary.run_ids.extend(int(r) for r in counts["run_ids"])
+    summary.mlperf_runs = int(counts["runs"])
+    summary.mlperf_results = int(counts["results"])
+    summary.mlperf_intervals = int(counts["intervals"])
+
+
+def _reset_counts(summary: IngestSummary) -> None:
+    summary.run_ids.clear()
+    summary.replaced_run_ids.clear()
+    summary.planes = summary.events = 0
+    summary.mlperf_runs = summary.mlperf_results = summary.mlperf_intervals = 0
+
+
+def _install_views(db_path: str | Path, summary: IngestSummary) -> None:
+    """(Re)create the analyzer's attribution views (step_breakdown, device_breakdown, collective_time,
+    op_steps, att_*) so findings' evidence SQL runs on this database. Views only, no data copied.
+
+    Right after the commit, in a transaction of its own: the loaded runs never depend on it; should
+    it fail, the call still succeeds with a note (``tpuanalyze sql`` then creates them as TEMP views).
+    Creating them costs ~0.3 s, so a database already holding this exact set (fingerprint in the
+    comment of ``step_breakdown``) is left alone. Default thresholds; ``report --db --thresholds``
+    replaces them. The analyzer is imported here: the store must not need it to load.
+    """
+    from tpuanalyze.analyzer.attribution import STAGE_NAMES, install_views, view_sql
+    from tpuanalyze.analyzer.config import load_thresholds
+
+    config = load_thresholds()
+    fingerprint = "tpuanalyze views " + hashlib.sha1(
+        json.dumps(view_sql(config), sort_keys=True).encode()
+    ).hexdigest()[:16]
+    con = connect(db_path)
+    try:
+        present = con.execute(
+            "SELECT view_name, comment FROM duckdb_views() "
+            "WHERE database_name = current_database() AND NOT temporary AND list_contains(?, view_name)",
+            [STAGE_NAMES],
+        ).fetchall()
+        if len(present) == len(STAGE_NAMES) and dict(present).get("step_breakdown") == fingerprint:
+            summary.views = list(STAGE_NAMES)
+            return
+        con.execute("BEGIN TRANSACTION")
+        try:
+            views = install_views(con, config)
+            con.execute(f"COMMENT ON VIEW step_breakdown IS '{fingerprint}'")
+            con.execute("COMMIT")
+            summary.views = views
+        except duckdb.Error as exc:
+            con.execute("ROLLBACK")
+            summary.notes.append(f"attribution views not installed: {_first_line(exc)}")
+    finally:
+        con.close()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -239,7 +325,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _store_direct(plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch) -> None:
+def _store_direct(
+    plans: list[RunPlan], mlperf: MlperfTables | None, db_path: str | Path, summary: IngestSummary, on_batch
+) -> None:
     con = connect(db_path)
     try:
         con.execute(f"SET memory_limit = '{LOAD_MEMORY_LIMIT}'")
@@ -252,12 +340,11 @@ def _store_direct(plans: list[RunPlan], db_path: str | Path, summary: IngestSumm
                 summary.run_ids.append(run_id)
                 summary.planes += counts.planes
                 summary.events += counts.events
+            _store_mlperf(con, mlperf, summary)
             con.execute("COMMIT")
         except BaseException as exc:
             con.execute("ROLLBACK")
-            summary.run_ids.clear()
-            summary.replaced_run_ids.clear()
-            summary.planes = summary.events = 0
+            _reset_counts(summary)
             if isinstance(exc, duckdb.Error):
                 raise TpuAnalyzeError(
                     f"loading failed, database unchanged: {_first_line(exc)}", str(db_path)
@@ -276,7 +363,9 @@ def _delete_previous(con: duckdb.DuckDBPyConnection, plan: RunPlan, summary: Ing
         summary.replaced_run_ids.append(old_id)
 
 
-def _store_staged(plans: list[RunPlan], db_path: str | Path, summary: IngestSummary, on_batch) -> None:
+def _store_staged(
+    plans: list[RunPlan], mlperf: MlperfTables | None, db_path: str | Path, summary: IngestSummary, on_batch
+) -> None:
     """Stage the runs in a scratch database, then move them in ONE transaction."""
     db_path = Path(db_path)
     if db_path.parent and not db_path.parent.is_dir():
@@ -309,11 +398,11 @@ def _store_staged(plans: list[RunPlan], db_path: str | Path, summary: IngestSumm
                     summary.run_ids.append(run_id)
                     summary.planes += planes
                     summary.events += events
+                _store_mlperf(con, mlperf, summary)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
-                summary.run_ids.clear()
-                summary.replaced_run_ids.clear()
+                _reset_counts(summary)
                 raise
             finally:
                 con.execute("DETACH staging")
