@@ -36,7 +36,7 @@ def command(paths: tuple[str, ...], db_path: str, progress: bool | None) -> None
     mlperf = ""
     if summary.mlperf_runs:
         mlperf = (
-            f" ({summary.mlperf_runs} MLPerf result folder(s): {summary.mlperf_results} result files, "
+            f" ({summary.mlperf_runs} MLPerf result folder(s): {summary.mlperf_results} result file(s), "
             f"{summary.mlperf_intervals:,} intervals)"
         )
     click.echo(

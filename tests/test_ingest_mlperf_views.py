@@ -20,6 +20,7 @@ from tpuanalyze.parsers.discover import discover_inputs
 from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze.cli import main
+from tpuanalyze.errors import TpuAnalyzeError
 
 JAX_TRAIN = SAMPLE_TRACES / "jax_cpu" / "single_jit_train"
 INPUT_BOUND = SAMPLE_TRACES / "generated" / "resnet50_v3-32_input-bound"
@@ -68,7 +69,7 @@ def test_ingest_mlperf_only_folder(tmp_path: Path, shared_mlperf: Path) -> None:
     db = tmp_path / "mlperf.duckdb"
     code, out, err = cli("ingest", str(root), "--db", str(db))
     assert code == 0, err
-    assert f"{len(folders)} MLPerf result folder(s): {len(result_files)} result files" in out
+    assert f"{len(folders)} MLPerf result folder(s): {len(result_files)} result file(s)" in out
     runs = query(db, "SELECT source_format, source_path, num_hosts FROM runs")
     assert {r[0] for r in runs} == {"mlperf"}
     assert {Path(r[1]) for r in runs} == folders
@@ -171,3 +172,40 @@ def test_sql_creates_temp_views_when_the_database_lacks_them(tmp_path: Path) -> 
     duckdb.connect(str(foreign)).close()
     code, out, err = cli("sql", "--db", str(foreign), "SELECT * FROM step_breakdown")
     assert code == 2 and err.count("\n") == 1 and "attribution views" in err
+
+
+@pytest.mark.parametrize("mode", ["direct", "staged"])
+def test_mlperf_write_failure_rolls_back_the_traces_too(
+    tmp_path: Path, shared_mlperf: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trace runs and MLPerf folders share one transaction: an MLPerf row refused by the database (a
+    CHECK constraint planted on ``mlperf_intervals``) undoes the trace run loaded before it."""
+    from tpuanalyze.store import ingest as ingest_module
+
+    db = tmp_path / "strict.duckdb"
+    ingest_paths([INPUT_BOUND], db)
+    con = duckdb.connect(str(db))
+    con.execute("DROP TABLE mlperf_intervals")
+    con.execute(
+        "CREATE TABLE mlperf_intervals (run_id INTEGER NOT NULL, result_file VARCHAR NOT NULL, "
+        "kind VARCHAR NOT NULL CHECK (kind <> 'eval'), start_ms DOUBLE, stop_ms DOUBLE, epoch DOUBLE, "
+        "epoch_count DOUBLE, value DOUBLE)"
+    )
+    con.close()
+    before = query(db, "SELECT run_id, source_path FROM runs ORDER BY run_id")
+    if mode == "staged":  # the path large calls take: through a scratch database
+        monkeypatch.setattr(ingest_module, "DIRECT_MAX_EVENTS", 0)
+    with pytest.raises(TpuAnalyzeError, match="database unchanged"):
+        ingest_paths([JAX_TRAIN, shared_mlperf / RESNET_V07], db)
+    assert query(db, "SELECT run_id, source_path FROM runs ORDER BY run_id") == before
+    assert query(db, "SELECT count(*) FROM mlperf_results") == [(0,)]
+    assert not list(tmp_path.glob("*staging*"))
+
+    if mode == "staged":  # and without the planted constraint the staged path loads both kinds
+        con = duckdb.connect(str(db))
+        con.execute("DROP TABLE mlperf_intervals")
+        con.close()
+        summary = ingest_paths([JAX_TRAIN, shared_mlperf / RESNET_V07], db)
+        assert summary.runs == 2 and summary.mlperf_runs == 1 and summary.events > 0
+        formats = dict(query(db, "SELECT source_format, count(*) FROM runs GROUP BY ALL"))
+        assert formats == {"xspace": 2, "mlperf": 1}
