@@ -10,8 +10,8 @@ bytes_accessed / shape_with_layout / tf_op / source, per-event stats on steps an
 ``/host:metadata`` and ``Task Environment`` planes, as JAX/TF write them.
 
 It is deterministic for a seed. To be fast, the events are not built as protobuf messages one by
-one: each line's repeated ``events`` field is encoded in bulk with numpy (varints for metadata_id,
-offset_ps, duration_ps) and spliced after the line's other fields, which protobuf's wire format
+one: each line's repeated ``events`` field is encoded in bulk with numpy (the generator's
+``tpuanalyze.generator.wire``: varints for metadata_id, offset_ps, duration_ps) and spliced after the line's other fields, which protobuf's wire format
 allows (fields may come in any order; repeated fields concatenate). The result is parsed back with
 ``xplane_pb2`` as a check unless ``--no-verify``.
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tpuanalyze.generator import wire
 
 from tpuanalyze.proto import xplane_pb2
 
@@ -80,61 +81,16 @@ class LargeSpec:
 
 
 # ---------------------------------------------------------------- bulk wire encoding
-
-
-def _varint_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Varint bytes of each uint64 value as an [n, 10] byte matrix plus a mask of the used bytes."""
-    v = values.astype(np.uint64)
-    nbytes = np.ones(len(v), dtype=np.int64)
-    for k in range(1, 10):
-        nbytes += (v >> np.uint64(7 * k)) > 0
-    shifts = np.arange(10, dtype=np.uint64) * np.uint64(7)
-    groups = ((v[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(np.uint8)
-    used = np.arange(10)[None, :] < nbytes[:, None]
-    more = np.arange(10)[None, :] < (nbytes[:, None] - 1)
-    groups |= (more * 0x80).astype(np.uint8)
-    return groups, used
-
-
-def _field(tag: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A varint field (tag byte + varint) for every row."""
-    groups, used = _varint_columns(values)
-    tags = np.full((len(values), 1), tag, dtype=np.uint8)
-    return np.hstack([tags, groups]), np.hstack([np.ones((len(values), 1), bool), used])
+# The generator's column-wise encoder (tpuanalyze.generator.wire) writes the events of each line.
 
 
 def encode_events(metadata_ids: np.ndarray, offsets_ps: np.ndarray, durations_ps: np.ndarray) -> bytes:
-    """Wire bytes of ``repeated XEvent events = 4`` for many events without per-event Python work.
-
-    Each event: 0x22 <len> 0x08 <metadata_id> 0x10 <offset_ps> 0x18 <duration_ps>. Offsets must be
-    >= 0 (they are relative to the line's timestamp), metadata ids and durations > 0.
-    """
-    if len(metadata_ids) == 0:
-        return b""
-    body = [_field(0x08, metadata_ids), _field(0x10, offsets_ps), _field(0x18, durations_ps)]
-    body_bytes = np.hstack([b[0] for b in body])
-    body_used = np.hstack([b[1] for b in body])
-    length = body_used.sum(axis=1)  # < 128 always: 3 tags + at most 30 varint bytes
-    head = np.stack([np.full(len(length), 0x22, np.uint8), length.astype(np.uint8)], axis=1)
-    rows = np.hstack([head, body_bytes])
-    used = np.hstack([np.ones((len(length), 2), bool), body_used])
-    return rows[used].tobytes()
+    """Wire bytes of ``repeated XEvent events = 4`` for many events without per-event Python work."""
+    return wire.encode_events(metadata_ids, offsets_ps, durations_ps)[0]
 
 
 def _length_delimited(tag: int, payload: bytes) -> bytes:
-    return bytes([tag]) + _varint_bytes(len(payload)) + payload
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return wire.length_delimited(tag >> 3, payload)
 
 
 def serialize_plane(plane: xplane_pb2.XPlane, line_events: list[bytes]) -> bytes:
