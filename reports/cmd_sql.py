@@ -38,7 +38,7 @@ def ensure_views(con: duckdb.DuckDBPyConnection, query: str, db_path: str) -> li
     """Attribution views for a query that names them, on a database that lacks them.
 
     ``tpuanalyze ingest`` installs step_breakdown, device_breakdown, collective_time, op_steps and
-    att_* in the database; one written otherwise (``tpuanalyze mlperf --db``, an older tpuanalyze,
+    att_* in the database; one written otherwise (Python ``ingest_mlperf``, an older tpuanalyze,
     a failed view install) gets them here as TEMP views of this read-only connection (same SQL,
     default thresholds; ~0.3 s, so only when the query names one). Returns the views created.
     """
