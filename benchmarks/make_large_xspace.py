@@ -9,11 +9,11 @@ bytes_accessed / shape_with_layout / tf_op / source, per-event stats on steps an
 ``/host:CPU`` plane with TraceMe threads (``train`` step annotations with step_num, runtime events),
 ``/host:metadata`` and ``Task Environment`` planes, as JAX/TF write them.
 
-It is deterministic for a seed. To be fast, the events are not built as protobuf messages one by
-one: each line's repeated ``events`` field is encoded in bulk with numpy (the generator's
-``tpuanalyze.generator.wire``: varints for metadata_id, offset_ps, duration_ps) and spliced after the line's other fields, which protobuf's wire format
-allows (fields may come in any order; repeated fields concatenate). The result is parsed back with
-``xplane_pb2`` as a check unless ``--no-verify``.
+It is deterministic for a seed. To be fast, the events are not built as protobuf messages one by one:
+each line's repeated ``events`` field is encoded in bulk with numpy (the generator's
+``tpuanalyze.generator.wire``: varints for metadata_id, offset_ps, duration_ps) and spliced after the
+line's other fields, which protobuf's wire format allows (fields may come in any order; repeated fields
+concatenate). The result is parsed back with ``xplane_pb2`` as a check unless ``--no-verify``.
 
 Usage::
 
