@@ -280,7 +280,8 @@ def command(
         with tempfile.TemporaryDirectory(prefix="tpuanalyze-report-") as tmp:
             target = db_path if db_path is not None else Path(tmp) / "report.duckdb"
             run_ids = _ingest(paths, target, show)
-            if db_path is not None:
+            if db_path is not None and thresholds is not None:
+                # ingest installed the default-threshold views; custom thresholds replace them
                 _install_views(db_path, thresholds)
             analyses, series = analyse(target, run_ids, (), thresholds, show)
         database_note = str(db_path) if db_path is not None else None
