@@ -122,8 +122,13 @@ def command(query: str, db_path: str, fmt: str) -> None:
         table = Table(show_header=True, header_style="bold")
         for name, type_name in zip(names, types, strict=False):
             numeric = any(k in type_name for k in ("INT", "DOUBLE", "FLOAT", "DECIMAL"))
-            table.add_column(name, justify="right" if numeric else "left")
+            # fold, never truncate: a query result must show every character of every value
+            table.add_column(name, justify="right" if numeric else "left", overflow="fold")
         for row in rows:
             table.add_row(*("NULL" if v is None else str(v) for v in row))
-        Console(soft_wrap=False).print(table)
+        console = Console(soft_wrap=False)
+        if not console.is_terminal:  # piped: as wide as the table wants, so rows stay on one line
+            natural = Console(width=1_000_000).measure(table).maximum
+            console = Console(soft_wrap=False, width=max(natural, 20))
+        console.print(table)
         click.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
