@@ -9,6 +9,7 @@ transaction (all or nothing). Re-ingesting a folder replaces its rows and keeps 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from importlib import resources
@@ -81,9 +82,9 @@ def _runs_row(folder: str, results: pa.Table, run_id: int) -> dict:
 
 
 def _device_type(platform: str | None) -> str | None:
-    if platform and platform.lower().startswith("tpu-v"):
-        return "TPU " + platform.split("-")[1]   # 'tpu-v3-8192' -> 'TPU v3'
-    return platform
+    """The trace planes' spelling, so runs group by device: 'tpu-v3-8192' and 'TPUv3-8192' -> 'TPU v3'."""
+    match = re.match(r"tpu-?(v\d+)", platform or "", re.IGNORECASE)
+    return f"TPU {match.group(1).lower()}" if match else platform
 
 
 def ingest_tables_into(con: duckdb.DuckDBPyConnection, tables: MlperfTables) -> dict[str, int]:

@@ -74,6 +74,8 @@ def test_ingest_mlperf_only_folder(tmp_path: Path, shared_mlperf: Path) -> None:
     assert {r[0] for r in runs} == {"mlperf"}
     assert {Path(r[1]) for r in runs} == folders
     assert all(r[2] == 0 for r in runs)
+    # both spellings of the logs' platform ('tpu-v3-8192', 'TPUv3-8192') read as the trace planes' 'TPU v3'
+    assert query(db, "SELECT DISTINCT device_type FROM runs") == [("TPU v3",)]
     assert query(db, "SELECT count(*) FROM mlperf_results") == [(len(result_files),)]
     assert query(db, "SELECT count(DISTINCT run_id) FROM mlperf_intervals") == [(len(folders),)]
     # the views exist on an MLPerf-only database too (empty: nothing was traced)
