@@ -1,8 +1,9 @@
 """Altair charts of a scaling series (measured runs + fitted projections), and a small offline HTML page.
 
-``scaling_charts(items)`` is what the HTML report calls: items are ScalingAnalysis objects, or
-RunAnalysis objects of several runs (then a series is built from their summaries when the chip counts
-are known and differ). Every chart marks projections as estimates (dashed lines, lighter bars).
+``scaling_charts(items)`` is what the HTML report calls with ScalingAnalysis series (the report verb
+builds them from the traces' own chip counts, ``cmd_report.scaling_series``). Anything else, e.g. bare
+RunAnalysis objects, carries no chip count and gives no charts. Every chart marks projections as
+estimates (dashed lines, a shaded range, lighter bars) and every mark has a tooltip.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import altair as alt
 import numpy as np
 import pandas as pd
-from tpuanalyze.analyzer.scaling import ScalingAnalysis, analyze_scaling
+from tpuanalyze.analyzer.scaling import ScalingAnalysis
 from tpuanalyze.reports.charts import CATEGORY_COLORS, CATEGORY_LABELS
 
 _COLORS = {**CATEGORY_COLORS, "other": "#9d755d", "total": "#4c78a8"}
@@ -23,7 +24,21 @@ _LABELS = {**CATEGORY_LABELS, "other": "other (not in a category)", "total": "ti
 
 
 def _x(title: str = "chips") -> alt.X:
-    return alt.X("chips:Q", scale=alt.Scale(type="log", base=2), title=title, axis=alt.Axis(format="~s"))
+    # Plain integers: chip counts are powers of two, SI suffixes would print 1024 as "1.024k".
+    return alt.X("chips:Q", scale=alt.Scale(type="log", base=2), title=title, axis=alt.Axis(format="d"))
+
+
+def _symlog_ticks(peak: float) -> list[float] | None:
+    """0 and 1-2-5 steps up to the peak: symlog's default ticks crowd together at the top.
+
+    Below 1 the symlog scale is nearly linear, so small peaks keep Vega's own ticks (None)."""
+    if not peak >= 2:
+        return None
+    ticks, decade = [0.0], 1.0
+    while decade <= peak:
+        ticks.extend(v for v in (decade, 2 * decade, 5 * decade) if v <= peak)
+        decade *= 10
+    return ticks
 
 
 def _fit_curve(analysis: ScalingAnalysis) -> pd.DataFrame:
@@ -55,17 +70,22 @@ def step_time_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     label = "step time" if metric == "step_time_ms" else "time to train"
     y = alt.Y("value:Q", title=f"{label} [{unit}]", scale=alt.Scale(zero=False))
     band = alt.Chart(projection).mark_area(opacity=0.15, color="#4c78a8").encode(
-        x=_x(), y=alt.Y("low:Q", title=f"{label} [{unit}]"), y2="high:Q")
+        x=_x(), y=alt.Y("low:Q", title=f"{label} [{unit}]"), y2="high:Q",
+        tooltip=[alt.Tooltip("chips:Q", format="d"),
+                 alt.Tooltip("value:Q", title=f"estimate [{unit}]", format=".3f"),
+                 alt.Tooltip("low:Q", title="estimate range from", format=".3f"),
+                 alt.Tooltip("high:Q", title="estimate range to", format=".3f")])
     curve = _fit_curve(analysis)
     curve = curve[curve["category"] == "step (sum)"]
     line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color="#4c78a8").encode(
-        x=_x(), y=y, tooltip=[alt.Tooltip("chips:Q", format=".0f"),
+        x=_x(), y=y, tooltip=[alt.Tooltip("chips:Q", format="d"),
                               alt.Tooltip("value:Q", title=f"estimate [{unit}]", format=".3f")])
     points = alt.Chart(measured).mark_point(filled=True, size=80, color="#e45756").encode(
         x=_x(), y=y, tooltip=["run:N", "chips:Q", alt.Tooltip("value:Q", title=f"measured [{unit}]",
                                                               format=".3f")])
     return (band + line + points).properties(
-        width=420, height=260, title=f"{label} vs chips (dots measured, dashed fitted estimate)")
+        width=420, height=260,
+        title=f"{label} vs chips (dots measured; dashed fitted estimate, shaded its error range)")
 
 
 def category_chart(analysis: ScalingAnalysis) -> alt.LayerChart | None:
@@ -81,13 +101,19 @@ def category_chart(analysis: ScalingAnalysis) -> alt.LayerChart | None:
     names = [_LABELS.get(c, c) for c in analysis.fits]
     color = alt.Color("category:N", scale=alt.Scale(domain=names,
                                                     range=[_COLORS.get(c, "#888") for c in analysis.fits]))
-    y = alt.Y("value:Q", title=f"{analysis.unit} per step", scale=alt.Scale(type="symlog"))
+    peak = float(max(curves["value"].max(), measured["value"].max()))
+    y = alt.Y("value:Q", title=f"{analysis.unit} per step", scale=alt.Scale(type="symlog"),
+              axis=alt.Axis(values=_symlog_ticks(peak) or alt.Undefined, format="~f"))
     lines = alt.Chart(curves).mark_line(strokeDash=[6, 4]).encode(
-        x=_x(), y=y, color=color, tooltip=["category:N", "chips:Q", alt.Tooltip("value:Q", format=".3f")])
+        x=_x(), y=y, color=color,
+        tooltip=["category:N", alt.Tooltip("chips:Q", format="d"),
+                 alt.Tooltip("value:Q", title=f"estimate [{analysis.unit}]", format=".3f")])
     points = alt.Chart(measured).mark_point(filled=True, size=60).encode(
-        x=_x(), y=y, color=color, tooltip=["run:N", "category:N", alt.Tooltip("value:Q", format=".3f")])
-    return (lines + points).properties(width=420, height=260,
-                                       title="time per step by category (dashed: fitted model, estimate)")
+        x=_x(), y=y, color=color,
+        tooltip=["run:N", "category:N", alt.Tooltip("chips:Q", format="d"),
+                 alt.Tooltip("value:Q", title=f"measured [{analysis.unit}]", format=".3f")])
+    return (lines + points).properties(
+        width=420, height=260, title="time per step by category (dots measured, dashed fitted estimate)")
 
 
 def share_chart(analysis: ScalingAnalysis) -> alt.Chart | None:
@@ -115,8 +141,11 @@ def share_chart(analysis: ScalingAnalysis) -> alt.Chart | None:
         y=alt.Y("share:Q", stack="normalize", axis=alt.Axis(format="%"), title="share of step"),
         color=alt.Color("category:N", scale=alt.Scale(domain=names,
                                                       range=[_COLORS.get(c, "#888") for c in categories])),
-        opacity=alt.Opacity("kind:N", scale=alt.Scale(domain=["measured", "estimate"], range=[1.0, 0.5])),
-        tooltip=["chips:N", "category:N", alt.Tooltip("share:Q", format=".1%"), "kind:N"],
+        # Ordinal and sorted: Vega-Lite warns about opacity on an unsorted nominal field.
+        opacity=alt.Opacity("kind:O", sort=["measured", "estimate"], title="source",
+                            scale=alt.Scale(domain=["measured", "estimate"], range=[1.0, 0.45])),
+        tooltip=["chips:N", "category:N", alt.Tooltip("share:Q", format=".1%"),
+                 alt.Tooltip("kind:O", title="source")],
     ).properties(width=420, height=260, title="share of the step by category")
 
 
@@ -127,11 +156,14 @@ def efficiency_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     y = alt.Y("eff:Q", title="per-core throughput vs smallest run", axis=alt.Axis(format="%"))
     line = alt.Chart(projection.rename(columns={"per_core_throughput_rel_est": "eff"})).mark_line(
         strokeDash=[6, 4], color="#54a24b").encode(
-        x=_x(), y=y, tooltip=["chips:Q", alt.Tooltip("eff:Q", title="estimate", format=".1%")])
+        x=_x(), y=y, tooltip=[alt.Tooltip("chips:Q", format="d"),
+                              alt.Tooltip("eff:Q", title="estimate", format=".1%")])
     points = alt.Chart(measured.rename(columns={"per_core_throughput_rel": "eff"})).mark_point(
         filled=True, size=80, color="#54a24b").encode(
-        x=_x(), y=y, tooltip=["run:N", "chips:Q", alt.Tooltip("eff:Q", title="measured", format=".1%")])
-    return (line + points).properties(width=420, height=260, title="scaling efficiency")
+        x=_x(), y=y, tooltip=["run:N", alt.Tooltip("chips:Q", format="d"),
+                              alt.Tooltip("eff:Q", title="measured", format=".1%")])
+    return (line + points).properties(width=420, height=260,
+                                      title="scaling efficiency (dots measured, dashed fitted estimate)")
 
 
 def charts_for(analysis: ScalingAnalysis) -> list[tuple[str, str, Any]]:
@@ -149,38 +181,13 @@ def charts_for(analysis: ScalingAnalysis) -> list[tuple[str, str, Any]]:
     return blocks
 
 
-def _series_from_run_analyses(analyses: Sequence[Any]) -> pd.DataFrame | None:
-    """A scaling table from RunAnalysis summaries (chips from the summary when it states them)."""
-    from tpuanalyze.analyzer.compare import step_categories_ms
-
-    rows = []
-    for analysis in analyses:
-        summary = analysis.summary
-        chips = summary.get("chips") or (summary.get("scaling") or {}).get("chips")
-        if not chips:
-            return None
-        try:
-            row = {"run": summary.get("run"), "chips": int(chips), **step_categories_ms(analysis)}
-        except Exception:  # a run without train steps cannot join a series
-            return None
-        row.pop("collectives_overlapped", None)
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    workloads = {a.summary.get("workload") for a in analyses} - {None}
-    return frame if frame["chips"].nunique() >= 2 and len(workloads) <= 1 else None
-
-
 def scaling_charts(items: Sequence[Any]) -> list[tuple[str, str, Any]]:
-    """Chart blocks for the HTML report: ScalingAnalysis objects, or several RunAnalysis objects."""
-    items = list(items)
-    if not items:
-        return []
-    if all(isinstance(item, ScalingAnalysis) for item in items):
-        return [block for item in items for block in charts_for(item)]
-    frame = _series_from_run_analyses(items)
-    if frame is None:
-        return []
-    return charts_for(analyze_scaling(frame))
+    """Chart blocks of every ScalingAnalysis in ``items`` for the HTML report.
+
+    Other items (RunAnalysis objects) are skipped: their summaries state no chip count, so the report
+    verb builds the series from the traces first (``cmd_report.scaling_series``).
+    """
+    return [block for item in items if isinstance(item, ScalingAnalysis) for block in charts_for(item)]
 
 
 def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze scaling") -> str:
@@ -191,21 +198,24 @@ def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze s
              "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
              "script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:; "
              "connect-src 'none'\">",
-             "<style>body{font-family:sans-serif;margin:2em}.chart{display:inline-block;margin:1em}"
-             "td,th{padding:2px 8px;text-align:right}</style>",
+             "<style>body{font-family:sans-serif;margin:2em}.chart{display:inline-block;vertical-align:top;"
+             "margin:1em}.chart small{display:block;max-width:560px}.table{overflow-x:auto}"
+             "td,th{padding:2px 8px;text-align:right}#render-status{display:none}</style>",
+             f"<script>{_STATUS_SCRIPT}</script>",
              f"<script>{vendor_javascript()}</script></head><body>", f"<h1>{_html.escape(title)}</h1>",
              "<p>Projections are estimates from simple fitted models, not measurements.</p>"]
     specs = []
     for analysis in analyses:
         parts.append(f"<h2>{_html.escape(analysis.workload or 'series')}</h2>")
-        parts.append(analysis.measured.to_html(index=False, float_format=lambda v: f"{v:.4g}",
-                                               classes="measured"))
+        parts.append("<div class='table'>" + analysis.measured.to_html(
+            index=False, float_format=lambda v: f"{v:.4g}", classes="measured") + "</div>")
         fits = pd.DataFrame([{"category": c, "form": f.form, "model": f.formula, "in-sample rms": f.rms_error,
                               "leave-one-out rms": f.loo_error} for c, f in analysis.fits.items()])
         parts.append("<h3>Fitted model per category</h3>")
         parts.append(fits.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"))
         parts.append("<h3>Projection (estimates from the fitted model, not measurements)</h3>")
-        parts.append(analysis.projection.to_html(index=False, float_format=lambda v: f"{v:.4g}"))
+        parts.append("<div class='table'>" + analysis.projection.to_html(
+            index=False, float_format=lambda v: f"{v:.4g}") + "</div>")
         if analysis.holdout and "relative_error" in analysis.holdout:
             h = analysis.holdout
             parts.append(f"<p>Held-out check: fitted on {h['fitted_on_chips']} chips, predicts "
@@ -218,16 +228,42 @@ def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze s
         for title_text, caption, chart in charts_for(analysis):
             chart_id = f"chart{len(specs)}"
             specs.append((chart_id, spec_json(chart)))
-            parts.append(f"<div class='chart'><h3>{_html.escape(title_text)}</h3>"
+            parts.append(f"<div class='chart' id='{chart_id}-block'><h3>{_html.escape(title_text)}</h3>"
                          f"<div id='{chart_id}'></div><small>{_html.escape(caption)}</small></div>")
     # Vega needs 'unsafe-eval' (expression functions); the page still fetches nothing (connect-src none).
+    # Each chart settles its own promise, so one bad chart is an error in the status, not a blank page.
     calls = ",".join(f"vegaEmbed('#{cid}', {spec}, {{actions: false, renderer: 'svg'}})"
+                     f".then(() => {{ st.rendered += 1; st.flush(); }},"
+                     f" e => {{ st.errors.push('{cid}: ' + e); st.flush(); }})"
                      for cid, spec in specs)
-    parts.append("<pre id='render-status'></pre>")
-    parts.append(f"<script>Promise.all([{calls}]).then(r => document.getElementById('render-status')"
-                 ".textContent = 'rendered ' + r.length, e => document.getElementById('render-status')"
-                 ".textContent = 'error ' + e);</script></body></html>")
+    parts.append("<pre id='render-status' hidden></pre>")
+    parts.append(f"<script>var st = window.__tpuReport; st.charts = {len(specs)}; st.flush();"
+                 f"Promise.all([{calls}]).then(() => {{ st.done = true; st.flush(); }});</script>"
+                 "</body></html>")
     return "\n".join(parts)
+
+
+# The same render bookkeeping as the report template (reports/templates/report.html.j2): errors, CSP
+# violations and Vega warnings land as JSON in #render-status, which reports/browser.py reads.
+_STATUS_SCRIPT = """
+window.__tpuReport = { charts: 0, rendered: 0, errors: [], warnings: [], done: false };
+(function () {
+  var st = window.__tpuReport;
+  st.flush = function () { var el = document.getElementById("render-status");
+    if (el) { el.textContent = JSON.stringify(st); } };
+  window.addEventListener("error", function (e) {
+    st.errors.push("error: " + (e.message || e.type)); st.flush(); });
+  window.addEventListener("unhandledrejection", function (e) {
+    st.errors.push("rejection: " + e.reason); st.flush(); });
+  document.addEventListener("securitypolicyviolation", function (e) {
+    st.errors.push("csp: blocked " + e.blockedURI + " (" + e.violatedDirective + ")"); st.flush(); });
+  var origError = console.error, origWarn = console.warn;
+  console.error = function () { st.errors.push("console.error: " + Array.prototype.join.call(arguments, " "));
+    st.flush(); return origError.apply(console, arguments); };
+  console.warn = function () { st.warnings.push(Array.prototype.join.call(arguments, " ")); st.flush();
+    return origWarn.apply(console, arguments); };
+})();
+"""
 
 
 def dumps_specs(analyses: Sequence[ScalingAnalysis]) -> str:

@@ -97,6 +97,39 @@ def test_several_runs_render_with_overview_and_scaling_charts(tmp_path: Path) ->
     assert page.dom.count('<section class="run"') == 2
     scaling = page.dom[page.dom.index('<section id="scaling"') : page.dom.index('<section class="run"')]
     assert scaling.count('<div class="chart') >= 2 and scaling.count("<svg") >= 2
+    assert page.status["warnings"] == [], page.status["warnings"]  # scaling charts included
+
+
+SCALING_SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "scaling"
+
+
+@needs_chromium
+@pytest.mark.parametrize("verb", ["report", "scaling"])
+def test_scaling_sample_renders_without_vega_warnings(tmp_path: Path, verb: str) -> None:
+    """The bundled 3-run scaling series, through both verbs that write scaling charts: every chart
+    renders, Vega-Lite logs no warning (e.g. opacity on an unsorted discrete field), nothing fetched."""
+    if not (SCALING_SAMPLE / "gnmt_512").is_dir():
+        pytest.skip("sample_traces/scaling not generated")
+    out = tmp_path / f"{verb}.html"
+    extra = ["--quiet"] if verb == "report" else []
+    proc = cli(verb, str(SCALING_SAMPLE), "--html", str(out), *extra)
+    assert proc.returncode == 0, proc.stderr
+    document = out.read_text()
+    assert external_references(document) == []
+    page = browser.render(out)
+    status = page.status
+    assert status.get("done") is True and status["errors"] == [], status
+    assert status["warnings"] == [], status["warnings"]
+    assert status["charts"] == status["rendered"] >= 4, status
+    if verb == "report":
+        _check_rendered(page, document)
+        scaling = page.dom[page.dom.index('<section id="scaling"') : page.dom.index('<section class="run"')]
+    else:
+        scaling = page.dom
+    assert scaling.count("<svg") >= 4
+    for title in ("time vs chips", "time per step by category", "share of the step", "scaling efficiency"):
+        assert title in scaling
+    assert "1024 (est)" in scaling  # projected chip counts are labelled as estimates on the share chart
 
 
 @needs_chromium

@@ -132,19 +132,42 @@ def test_sample_demo(sample_traces, tmp_path):
     assert limit[0]["severity"] == "high"
 
 
+def _layers(spec: dict) -> list[dict]:
+    """Every single-mark view of a Vega-Lite spec (layers, concatenations, or the spec itself)."""
+    children = [c for key in ("layer", "hconcat", "vconcat", "concat") for c in spec.get(key, [])]
+    return [view for child in children for view in _layers(child)] if children else [spec]
+
+
 def test_scaling_charts_for_the_html_report(series):
-    import duckdb
     from tpuanalyze.analyzer.api import analyze_db
-    from tpuanalyze.analyzer.compare import run_facts
     from tpuanalyze.reports.scaling_charts import scaling_charts, scaling_html
 
     analyses = analyze_db(series.attrs["db"])
-    assert scaling_charts(analyses) == []  # without chip counts there is no series
-    con = duckdb.connect(str(series.attrs["db"]), read_only=True)
-    for analysis in analyses:
-        analysis.summary["chips"] = run_facts(con, analysis.run_id)["chips"]
-    con.close()
-    blocks = scaling_charts(analyses)
-    assert len(blocks) == 4 and all(chart.to_dict()["$schema"] for _, _, chart in blocks)
-    page = scaling_html([analyze_scaling(series.drop(columns=["workload"]), workload="resnet50")])
+    assert scaling_charts(analyses) == []  # RunAnalysis objects state no chip count: no series from them
+    analysis = analyze_scaling(series.drop(columns=["workload"]), workload="resnet50")
+    blocks = scaling_charts([analysis, *analyses])
+    assert [title for title, _, _ in blocks] == [
+        "resnet50: time vs chips", "resnet50: time per step by category", "resnet50: share of the step",
+        "resnet50: scaling efficiency"]
+    for title, caption, chart in blocks:
+        spec = chart.to_dict()
+        assert spec["$schema"] and "estimate" in caption
+        views = _layers(spec)
+        for view in views:  # issue 5/6: tooltips on every mark, the shaded projection range included
+            assert "tooltip" in view["encoding"], (title, view["mark"])
+        marks = [v["mark"]["type"] if isinstance(v["mark"], dict) else v["mark"] for v in views]
+        if title.endswith("time vs chips"):
+            assert marks == ["area", "line", "point"]
+        for view, mark in zip(views, marks, strict=True):  # projections read as estimates: dashed lines
+            if mark == "line":
+                assert view["mark"]["strokeDash"], title
+        # Vega-Lite warns on opacity/size over an unsorted nominal field.
+        opacity = [v["encoding"]["opacity"] for v in views if "field" in v["encoding"].get("opacity", {})]
+        for channel in opacity:
+            assert channel["type"] in ("ordinal", "quantitative") and channel.get("sort"), channel
+    share = blocks[2][2].to_dict()
+    kinds = {row["kind"] for row in share["datasets"][share["data"]["name"]]}
+    assert kinds == {"measured", "estimate"}
+    page = scaling_html([analysis])
     assert page.count("vegaEmbed(") == 4 and "connect-src 'none'" in page
+    assert "id='render-status' hidden" in page
