@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,9 @@ atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 JAX_CPU = PROJECT_ROOT / "sample_traces" / "jax_cpu"
 
 
-def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def cli(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run the real `tpuanalyze` command (piped: stdout/stderr are not terminals)."""
     return subprocess.run(
         [sys.executable, "-m", "tpuanalyze.cli", *args],
@@ -33,6 +36,7 @@ def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess
         cwd=cwd or _SESSION_DIR,
         timeout=timeout,
         check=False,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -121,12 +125,15 @@ def test_traces_are_ingested_on_the_fly_into_a_kept_database(tmp_path: Path) -> 
 
 def test_without_db_the_temporary_database_is_removed(tmp_path: Path) -> None:
     run = generated_run()
-    before = set(Path(tempfile.gettempdir()).glob("tpuanalyze-report-*"))
-    proc = cli("report", str(run), "--json", "-", cwd=tmp_path)
+    work, private_tmp = tmp_path / "cwd", tmp_path / "tmp"
+    work.mkdir()
+    private_tmp.mkdir()
+    # a private TMPDIR: other processes' reports in the shared /tmp cannot confuse the check
+    proc = cli("report", str(run), "--json", "-", cwd=work, env={"TMPDIR": str(private_tmp)})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["runs"]
-    assert list(tmp_path.iterdir()) == []  # nothing left in the working directory
-    assert set(Path(tempfile.gettempdir()).glob("tpuanalyze-report-*")) <= before
+    assert list(work.iterdir()) == []  # nothing left in the working directory
+    assert list(private_tmp.iterdir()) == []  # nor in the temporary folder
 
 
 def test_run_selection_in_a_database_with_several_runs(tmp_path: Path) -> None:
