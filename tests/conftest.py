@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
+from unittest import mock
 
 import pytest
 
@@ -48,3 +52,28 @@ def xprof_python() -> str:
     if not Path(XPROF_PYTHON).exists():
         pytest.skip(f"no xprof interpreter at {XPROF_PYTHON} (set TPUANALYZE_XPROF_PYTHON)")
     return XPROF_PYTHON
+
+
+class CliResult(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    """The `tpuanalyze` CLI run in this process (no interpreter start-up): exit status, stdout, stderr.
+    Tests where the real process matters (exit codes seen by a shell, tracebacks) use subprocess."""
+    from tpuanalyze.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        mock.patch.dict(os.environ, env or {}),
+    ):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return CliResult(code, out.getvalue(), err.getvalue())

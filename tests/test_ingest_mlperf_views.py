@@ -4,9 +4,7 @@ creates them as TEMP views on a database that lacks them. CLI run in-process (``
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import shutil
 from pathlib import Path
@@ -14,29 +12,17 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import SAMPLE_TRACES
+from conftest import run_cli as cli
 from tpuanalyze.analyzer.api import analyze_db
 from tpuanalyze.analyzer.attribution import STAGE_NAMES
 from tpuanalyze.parsers.discover import discover_inputs
 from tpuanalyze.store.ingest import ingest_paths
 
-from tpuanalyze.cli import main
 from tpuanalyze.errors import TpuAnalyzeError
 
 JAX_TRAIN = SAMPLE_TRACES / "jax_cpu" / "single_jit_train"
 INPUT_BOUND = SAMPLE_TRACES / "generated" / "resnet50_v3-32_input-bound"
 RESNET_V07 = Path("v0.7") / "tpu-v3-32-TF2.0" / "resnet"
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of the CLI run in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def query(db: Path, sql: str, *params) -> list[tuple]:

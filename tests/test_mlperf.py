@@ -3,19 +3,16 @@ database ingest (all-or-nothing, re-ingest replaces) and the ``tpuanalyze mlperf
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import re
 from pathlib import Path
 
 import duckdb
 import pytest
+from conftest import run_cli
 from tpuanalyze.analyzer.mlperf_summary import olympic_score, summarize_db, summarize_paths
 from tpuanalyze.parsers.mlperf import ingest_mlperf, ingest_mlperf_into, load_mlperf, parse_line
 
-from tpuanalyze.cli import main
 from tpuanalyze.errors import TraceFormatError
 
 # catalog §1: the v0.7 headline table (seconds) and the v0.6 scaling table, as (folder, seconds).
@@ -183,27 +180,5 @@ def test_cli_prints_table_and_json(tmp_path, shared_mlperf):
 
 
 def _cli(*args: str) -> tuple[int, str, str]:
-    """The CLI in this process (wide console): (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            mock_env({"COLUMNS": "220"}):
-        try:
-            main(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return code, out.getvalue(), err.getvalue()
-
-
-@contextlib.contextmanager
-def mock_env(values: dict[str, str]):
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    """The CLI in this process with a wide console: (exit status, stdout, stderr)."""
+    return run_cli(*args, env={"COLUMNS": "220"})

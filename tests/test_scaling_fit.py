@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import run_cli as _cli
 from tpuanalyze.analyzer.mlperf_summary import scaling_series, summarize_paths
 from tpuanalyze.analyzer.scaling import analyze_scaling, fit_category, holdout_check
 
-from tpuanalyze.cli import main
 from tpuanalyze.errors import TpuAnalyzeError
 
 
@@ -108,18 +106,6 @@ def test_mlperf_resnet_series(shared_mlperf):
     assert expected[-1] < expected[1]  # throughput per core falls with scale (catalog §1)
     # time per epoch fitted on 16..512 chips predicts the 1024-chip time to train within 10%
     assert abs(analysis.holdout["relative_error"]) < 0.10
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    """The CLI in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_cli_on_mlperf_logs(tmp_path, shared_mlperf):

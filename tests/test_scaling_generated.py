@@ -4,13 +4,11 @@ by the test, as the independent reference."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import run_cli as _cli
 
 generator = pytest.importorskip("tpuanalyze.generator")
 if not hasattr(generator, "generate"):
@@ -20,21 +18,7 @@ from tpuanalyze.analyzer.compare import RunLoader  # noqa: E402
 from tpuanalyze.analyzer.scaling import analyze_scaling, holdout_check  # noqa: E402
 from tpuanalyze.reports.cmd_scaling import trace_series  # noqa: E402
 
-from tpuanalyze.cli import main  # noqa: E402
-
 CHIPS = (256, 1024, 4096)
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    """The CLI in this process (the subprocess start-up is paid in test_compare.py and test_mlperf.py)."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
