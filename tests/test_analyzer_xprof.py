@@ -12,13 +12,10 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import xprof_python
+from tpuanalyze.analyzer.api import analyze_run
+from tpuanalyze.store.ingest import ingest_paths
 
-generator = pytest.importorskip("tpuanalyze.generator")
-if not hasattr(generator, "generate"):
-    pytest.skip("tpuanalyze.generator.generate not available yet", allow_module_level=True)
-
-from tpuanalyze.analyzer.api import analyze_run  # noqa: E402
-from tpuanalyze.store.ingest import ingest_paths  # noqa: E402
+from tpuanalyze import generator  # a broken generator must fail these tests, not skip them
 
 XPROF_SCRIPT = r"""
 import json, sys

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 from conftest import PROJECT_ROOT
+from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze import generator
 
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="tpuanalyze-report-tests-"))
 atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
@@ -50,9 +53,6 @@ def generated_run(
     seed: int = 0,
 ) -> Path:
     """A generated TPU-v3 run folder (real XSpace files), made once per session."""
-    generator = pytest.importorskip("tpuanalyze.generator")
-    if not hasattr(generator, "generate"):
-        pytest.skip("tpuanalyze.generator.generate has not landed yet")
     out = _SESSION_DIR / f"gen-{model}-{chips}-{hosts}-{scenario}-{steps}-{seed}"
     return Path(
         generator.generate(
@@ -64,9 +64,8 @@ def generated_run(
 @cache
 def ingested(*paths: Path) -> tuple[Path, tuple[int, ...]]:
     """A DuckDB file holding the given traces (real ingest), made once per session."""
-    ingest = pytest.importorskip("tpuanalyze.store.ingest")
     db = _SESSION_DIR / f"db-{abs(hash(paths))}.duckdb"
-    summary = ingest.ingest_paths(list(paths), db)
+    summary = ingest_paths(list(paths), db)
     return db, tuple(summary.run_ids)
 
 
