@@ -108,8 +108,7 @@ SCALING_SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "scalin
 def test_scaling_sample_renders_without_vega_warnings(tmp_path: Path, verb: str) -> None:
     """The bundled 3-run scaling series, through both verbs that write scaling charts: every chart
     renders, Vega-Lite logs no warning (e.g. opacity on an unsorted discrete field), nothing fetched."""
-    if not (SCALING_SAMPLE / "gnmt_512").is_dir():
-        pytest.skip("sample_traces/scaling not generated")
+    assert (SCALING_SAMPLE / "gnmt_512").is_dir(), "bundled sample_traces/scaling is missing"
     out = tmp_path / f"{verb}.html"
     extra = ["--quiet"] if verb == "report" else []
     proc = cli(verb, str(SCALING_SAMPLE), "--html", str(out), *extra)

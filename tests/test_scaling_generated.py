@@ -99,8 +99,7 @@ def test_chips_override(resnet_runs, tmp_path):
 def test_sample_demo(sample_traces, tmp_path):
     demo = sample_traces / "scaling"
     runs = sorted(demo.glob("gnmt_*"), key=lambda p: int(p.name.split("_")[1]))
-    if len(runs) < 3:
-        pytest.skip("sample_traces/scaling not generated")
+    assert len(runs) >= 3, "bundled sample_traces/scaling is missing runs"
     size = sum(p.stat().st_size for p in demo.rglob("*") if p.is_file())
     assert size < 1.5e6
     out = tmp_path / "demo.json"

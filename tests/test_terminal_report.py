@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from conftest import PROJECT_ROOT
 from test_report_pipeline import cli, generated_run, ingested, jax_cpu_run
 
@@ -87,8 +86,7 @@ def test_real_cpu_capture_summary(tmp_path) -> None:
 def test_scaling_series_gets_its_cross_run_findings(tmp_path) -> None:
     """The bundled GNMT series (16, 64, 512 chips; collectives grow with scale) reported together."""
     series = PROJECT_ROOT / "sample_traces" / "scaling"
-    if not series.is_dir():
-        pytest.skip("bundled scaling samples missing")
+    assert series.is_dir(), "bundled sample_traces/scaling is missing"
     html_path = tmp_path / "series.html"
     proc = cli("report", str(series), "--html", str(html_path))
     assert proc.returncode == 0, proc.stderr
