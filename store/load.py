@@ -140,6 +140,63 @@ def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData,
         thread.join()
 
 
+def _insert_event_stream(
+    con: duckdb.DuckDBPyConnection,
+    batches: Iterator[pa.Table],
+    params: dict[str, Any],
+    on_batch: Callable[[int], None] | None,
+) -> int:
+    """Insert a plane's event batches with ONE statement reading them as an Arrow stream.
+
+    Why one stream, not one registered table per batch: DuckDB keeps every object registered
+    inside a transaction alive until COMMIT (the dropped view is still visible to the open
+    transaction), so per-batch registration held all of a host's Arrow batches in memory at once
+    (~125 MB for 2M events). A stream is consumed batch by batch and each batch is freed once
+    inserted. Reader errors raised while DuckDB pulls the stream are re-raised unchanged.
+    """
+    first = next(batches, None)
+    if first is None:
+        return 0
+    schema = first.schema
+    loaded = 0
+    failure: list[BaseException] = []
+
+    pending = [first]  # the generator owns the first batch (no other reference keeps it alive)
+    del first
+
+    def stream() -> Iterator[pa.RecordBatch]:
+        nonlocal loaded
+        table: pa.Table | None = pending.pop()
+        try:
+            while table is not None:
+                if table.schema != schema:
+                    table = table.cast(schema)
+                rows = table.num_rows
+                yield from table.combine_chunks().to_batches()
+                table = None
+                loaded += rows
+                if on_batch:
+                    on_batch(rows)
+                table = next(batches, None)
+        except BaseException as exc:  # surfaced by the caller, not as a DuckDB scan error
+            failure.append(exc)
+            raise
+
+    reader = pa.RecordBatchReader.from_batches(schema, stream())
+    _register(con, "stg_events", reader)
+    try:
+        con.execute(_INSERT_EVENTS, params)
+    except BaseException:
+        if failure:
+            raise failure[0] from None
+        raise
+    finally:
+        _unregister(con, "stg_events")
+    if failure:
+        raise failure[0]
+    return loaded
+
+
 def _load_host(
     con: duckdb.DuckDBPyConnection,
     run_id: int,
@@ -178,15 +235,10 @@ def _load_host(
         con.execute(_INSERT_METADATA, params)
         _unregister(con, "stg_metadata")
         event_params = {**params, "shift_ps": shift_ps}
-        for batch in batches:
-            _register(con, "stg_events", batch)
-            con.execute(_INSERT_EVENTS, event_params)
-            _unregister(con, "stg_events")
-            counts.events += batch.num_rows
-            if batch.num_rows:
-                facts["kinds_with_events"].add(info.kind)
-            if on_batch:
-                on_batch(batch.num_rows)
+        loaded = _insert_event_stream(con, batches, event_params, on_batch)
+        counts.events += loaded
+        if loaded:
+            facts["kinds_with_events"].add(info.kind)
         counts.planes += 1
         if info.kind in ("tpu", "gpu"):
             facts["devices"] += 1
