@@ -256,11 +256,22 @@ def insert_run(
     counts = RunCounts()
     facts: dict[str, Any] = {"devices": 0, "device_type": None, "kinds_with_events": set()}
     run_t0 = run.t0_ns
-    for reader in run.hosts:
-        _load_host(con, run_id, run_t0, reader, counts, facts, on_batch)
-        release = getattr(reader, "release", None)
-        if release:
-            release()
+    # One DuckDB thread while streaming events: a streamed Arrow scan is serial anyway, and idle
+    # worker threads each keep their own allocator caches (measured: peak RSS -40 MB on 2M
+    # events, no slower). The caller's setting is restored afterwards.
+    threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+    con.execute("SET threads = 1")
+    try:
+        for reader in run.hosts:
+            _load_host(con, run_id, run_t0, reader, counts, facts, on_batch)
+            release = getattr(reader, "release", None)
+            if release:
+                release()
+    finally:
+        try:
+            con.execute(f"SET threads = {int(threads)}")
+        except duckdb.Error:  # transaction aborted by a failed load: keep the original error
+            pass
     hosts = pa.table(
         {
             "host": [h.host for h in run.hosts],
