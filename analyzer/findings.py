@@ -127,6 +127,9 @@ class _Ctx:
             self.ms[c] = total / self.n / 1e9 if self.n else 0.0
         self.first_conv_ms: float | None = None
         self.coll = a.collectives.set_index("kind") if not a.collectives.empty else pd.DataFrame()
+        # wall time per device (steps, eval and gaps) and the reported step count, for wall-time rules
+        self.wall_ms = float(a.per_core["wall_ms"].mean()) if not a.per_core.empty else 0.0
+        self.n_steps = max(a.summary.get("steps") or 1, 1)
 
     def coll_value(self, kind: str, column: str, default: float = 0.0) -> float:
         if self.coll.empty or kind not in self.coll.index:
@@ -365,9 +368,7 @@ def _eval_overhead(c: _Ctx, t: dict) -> list[dict]:  # catalog §3.10: eval > 10
     sev = severity(frac, th["medium"], th["high"])
     if not sev:
         return []
-    per_core = c.a.per_core
-    wall_ms = float(per_core["wall_ms"].mean()) if not per_core.empty else 0.0
-    n_steps = max(c.a.summary.get("steps") or 1, 1)
+    wall_ms, n_steps = c.wall_ms, c.n_steps
     eval_ms_per_step = frac * wall_ms / n_steps
     return [_finding(
         "eval-overhead", sev,
@@ -386,9 +387,7 @@ def _host_overhead(c: _Ctx, t: dict) -> list[dict]:  # catalog §3.7, §4: idle 
     sev = severity(frac, th["medium"], th["high"])
     if not sev:
         return []
-    per_core = c.a.per_core
-    wall_ms = float(per_core["wall_ms"].mean()) if not per_core.empty else 0.0
-    n_steps = max(c.a.summary.get("steps") or 1, 1)
+    wall_ms, n_steps = c.wall_ms, c.n_steps
     idle_ms = frac * wall_ms / n_steps
     return [_finding(
         "host-overhead", sev,
