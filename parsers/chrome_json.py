@@ -34,6 +34,7 @@ from tpuanalyze.parsers.staging import (
     metadata_table,
     typed_value,
 )
+from tpuanalyze.parsers.trace_file import read_trace_file
 
 from tpuanalyze.errors import TraceFormatError
 
@@ -50,14 +51,7 @@ INT64_MIN, INT64_MAX, UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 
 
 def _read_bytes(path: Path) -> bytes:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceFormatError("no such file", str(path)) from None
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read: {exc.strerror or exc}", str(path)) from None
-    if not raw:
-        raise TraceFormatError("empty file", str(path))
+    raw = read_trace_file(path, "a Chrome trace file")
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)

@@ -32,6 +32,7 @@ from tpuanalyze.parsers.staging import (
     json_safe,
     metadata_table,
 )
+from tpuanalyze.parsers.trace_file import read_trace_file
 
 from tpuanalyze.errors import TraceFormatError
 from tpuanalyze.proto import xplane_pb2
@@ -147,16 +148,7 @@ def _split_planes(data: bytes, where: str) -> tuple[list[tuple[int, int]], bytes
 
 def read_bytes(path: Path) -> bytes:
     """The file's bytes, or a one-line ``TraceFormatError`` (missing, unreadable, empty, gzip)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceFormatError("no such file", str(path)) from None
-    except IsADirectoryError:
-        raise TraceFormatError("is a directory, not an XSpace file", str(path)) from None
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read: {exc.strerror or exc}", str(path)) from None
-    if not data:
-        raise TraceFormatError("empty file", str(path))
+    data = read_trace_file(path, "an XSpace file")
     if data[:2] == b"\x1f\x8b":
         raise TraceFormatError("gzip-compressed data, not a raw XSpace protobuf", str(path))
     return data
