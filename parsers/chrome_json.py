@@ -20,18 +20,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 from tpuanalyze.parsers.discover import host_name
 from tpuanalyze.parsers.staging import (
     CHUNK_EVENTS,
-    LINE_SCHEMA,
+    STAT_DOUBLE,
+    STAT_INT,
+    STAT_JSON,
+    STAT_TEXT,
+    STAT_UINT,
     TYPED_STATS,
+    EventBatch,
     PlaneData,
     PlaneInfo,
     StatLong,
     classify_plane,
-    event_batch,
+    empty_lines,
+    lines_columns,
     metadata_table,
+    text_column,
     typed_value,
 )
 from tpuanalyze.parsers.trace_file import read_trace_file
@@ -96,55 +102,59 @@ class _Stats:
     def __init__(self) -> None:
         self.rows: list[int] = []
         self.keys: list[str] = []
-        self.i64: list[int | None] = []
-        self.u64: list[int | None] = []
-        self.f64: list[float | None] = []
-        self.s: list[str | None] = []
-        self.j: list[str | None] = []
+        self.kinds: list[int] = []
+        self.i64: list[int] = []
+        self.u64: list[int] = []
+        self.f64: list[float] = []
+        self.text: list[str | None] = []
+        self._arrays: tuple[np.ndarray, ...] | None = None
 
     def add(self, row: int, key: str, value: Any) -> None:
-        i = u = f = s = j = None
+        i = u = 0
+        f = 0.0
+        text = None
         typed = TYPED_STATS.get(key)
         if typed and typed[1] != "str" and isinstance(value, str):
             # JAX/TF write every arg as a string: numbers for typed columns are parsed back.
             parsed = typed_value(typed[1], value if typed[1] == "double" else _int_text(value))
             value = value if parsed is None else parsed
         if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
-            j = json.dumps(value)
+            kind, text = STAT_JSON, json.dumps(value)
         elif isinstance(value, int):
             if INT64_MIN <= value <= INT64_MAX:
-                i = value
+                kind, i = STAT_INT, value
             elif 0 <= value <= UINT64_MAX:
-                u = value
+                kind, u = STAT_UINT, value
             else:
-                s = str(value)
+                kind, text = STAT_TEXT, str(value)
         elif isinstance(value, float):
             if math.isfinite(value):
-                f = value
+                kind, f = STAT_DOUBLE, value
             else:
-                s = repr(value)
+                kind, text = STAT_TEXT, repr(value)
         else:
-            s = str(value)
+            kind, text = STAT_TEXT, str(value)
         self.rows.append(row)
         self.keys.append(str(key))
+        self.kinds.append(kind)
         self.i64.append(i)
         self.u64.append(u)
         self.f64.append(f)
-        self.s.append(s)
-        self.j.append(j)
+        self.text.append(text)
 
     def long(self, rows: np.ndarray, owners: np.ndarray) -> StatLong:
         """The stat rows ``rows`` as a long table whose owners are ``owners`` (batch-local)."""
-        take = pa.array(rows)
-        return StatLong(
-            owner=owners,
-            keys=pa.array(self.keys, pa.string()).take(take),
-            i64=pa.array(self.i64, pa.int64()).take(take),
-            u64=pa.array(self.u64, pa.uint64()).take(take),
-            f64=pa.array(self.f64, pa.float64()).take(take),
-            s=pa.array(self.s, pa.string()).take(take),
-            j=pa.array(self.j, pa.string()).take(take),
-        )
+        if self._arrays is None:
+            self._arrays = (
+                text_column(self.keys),
+                np.array(self.kinds, dtype=np.int8),
+                np.array(self.i64, dtype=np.int64),
+                np.array(self.u64, dtype=np.uint64),
+                np.array(self.f64, dtype=np.float64),
+                text_column(self.text),
+            )
+        key, kind, i64, u64, f64, text = (a[rows] for a in self._arrays)
+        return StatLong(owner=owners, key=key, kind=kind, i64=i64, u64=u64, f64=f64, text=text)
 
 
 def _int_text(text: str) -> Any:
@@ -328,7 +338,7 @@ class ChromeJsonReader:
         for pid, p in sorted(self._plane_of.items(), key=lambda kv: kv[1]):
             name = self._process_names.get(pid) or f"pid {pid}"
             kind, ordinal = classify_plane(name)
-            lines: dict[str, list[Any]] = {f.name: [] for f in LINE_SCHEMA}
+            lines = empty_lines()
             line_names: list[str] = []
             for tid, ln in sorted(lines_by_plane.get(p, []), key=lambda t: t[1]):
                 line_name = self._thread_names.get((pid, tid)) or f"tid {tid}"
@@ -361,14 +371,12 @@ class ChromeJsonReader:
             )
             yield PlaneData(
                 info=info,
-                lines=pa.Table.from_pydict(lines, schema=LINE_SCHEMA),
+                lines=lines_columns(lines),
                 metadata=metadata,
-                batches=self._batches(p, rows, line_names, metadata, stat_plane),
+                batches=self._batches(p, rows, stat_plane),
             )
 
-    def _batches(
-        self, p: int, rows: np.ndarray, line_names: list[str], metadata: pa.Table, stat_plane: np.ndarray
-    ) -> Iterator[pa.Table]:
+    def _batches(self, p: int, rows: np.ndarray, stat_plane: np.ndarray) -> Iterator[EventBatch]:
         local = np.full(self.num_events, -1, dtype=np.int64)
         for lo in range(0, len(rows), CHUNK_EVENTS):
             chunk = rows[lo : lo + CHUNK_EVENTS]
@@ -377,14 +385,11 @@ class ChromeJsonReader:
             stat_sel = stat_sel[local[self._stat_rows[stat_sel]] >= 0]
             stat_sel = stat_sel[np.isin(self._stat_rows[stat_sel], chunk)]
             stats = self._stats.long(stat_sel, local[self._stat_rows[stat_sel]]) if len(stat_sel) else None
-            yield event_batch(
+            yield EventBatch(
                 line_index=self._line[chunk],
-                line_names=line_names,
-                metadata_ids=self._md[chunk],
-                metadata=metadata,
+                metadata_id=self._md[chunk],
                 start_ps=self._start[chunk],
                 duration_ps=self._duration[chunk],
-                num_occurrences=pa.nulls(len(chunk), pa.int64()),
                 stats=stats,
             )
             local[chunk] = -1

@@ -13,9 +13,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from tpuanalyze.errors import TraceFormatError
 
@@ -58,39 +59,45 @@ class ResultFolder:
     files: list[Path] = field(default_factory=list)
 
 
-RESULTS_SCHEMA = pa.schema([
-    ("folder", pa.string()),            # absolute folder path: the runs.source_path
-    ("result_file", pa.string()),
-    ("benchmark", pa.string()),
-    ("submitter_path", pa.string()),
-    ("version", pa.string()),
-    ("platform", pa.string()),
-    ("cores", pa.int32()),
-    ("chips", pa.int32()),
-    ("framework", pa.string()),
-    ("run_start_ms", pa.float64()),
-    ("run_stop_ms", pa.float64()),
-    ("status", pa.string()),
-    ("global_batch_size", pa.int64()),
-    ("opt_name", pa.string()),
-    ("epochs", pa.float64()),
-    ("eval_count", pa.int32()),
-    ("eval_ms", pa.float64()),
-    ("train_samples", pa.int64()),
-    ("num_lines", pa.int64()),
-    ("hyperparameters", pa.string()),   # JSON object
-])
+def _schemas() -> tuple[pa.Schema, pa.Schema]:
+    """Arrow schemas of the results and intervals tables (pyarrow imported only when MLPerf logs
+    are read, so ingesting traces never pays for it)."""
+    import pyarrow as pa
 
-INTERVALS_SCHEMA = pa.schema([
-    ("folder", pa.string()),
-    ("result_file", pa.string()),
-    ("kind", pa.string()),              # init | run | block | eval | epoch
-    ("start_ms", pa.float64()),
-    ("stop_ms", pa.float64()),
-    ("epoch", pa.float64()),
-    ("epoch_count", pa.float64()),
-    ("value", pa.float64()),
-])
+    results = pa.schema([
+        ("folder", pa.string()),            # absolute folder path: the runs.source_path
+        ("result_file", pa.string()),
+        ("benchmark", pa.string()),
+        ("submitter_path", pa.string()),
+        ("version", pa.string()),
+        ("platform", pa.string()),
+        ("cores", pa.int32()),
+        ("chips", pa.int32()),
+        ("framework", pa.string()),
+        ("run_start_ms", pa.float64()),
+        ("run_stop_ms", pa.float64()),
+        ("status", pa.string()),
+        ("global_batch_size", pa.int64()),
+        ("opt_name", pa.string()),
+        ("epochs", pa.float64()),
+        ("eval_count", pa.int32()),
+        ("eval_ms", pa.float64()),
+        ("train_samples", pa.int64()),
+        ("num_lines", pa.int64()),
+        ("hyperparameters", pa.string()),   # JSON object
+    ])
+
+    intervals = pa.schema([
+        ("folder", pa.string()),
+        ("result_file", pa.string()),
+        ("kind", pa.string()),              # init | run | block | eval | epoch
+        ("start_ms", pa.float64()),
+        ("stop_ms", pa.float64()),
+        ("epoch", pa.float64()),
+        ("epoch_count", pa.float64()),
+        ("value", pa.float64()),
+    ])
+    return results, intervals
 
 
 def parse_line(line: str) -> LogEntry | None:
@@ -429,8 +436,11 @@ def load_mlperf(paths: Iterable[str | Path]) -> MlperfTables:
         folder_results, folder_intervals = load_folder(folder)
         results.extend(folder_results)
         intervals.extend(folder_intervals)
-    return MlperfTables(pa.Table.from_pylist(results, schema=RESULTS_SCHEMA),
-                        pa.Table.from_pylist(intervals, schema=INTERVALS_SCHEMA))
+    import pyarrow as pa
+
+    results_schema, intervals_schema = _schemas()
+    return MlperfTables(pa.Table.from_pylist(results, schema=results_schema),
+                        pa.Table.from_pylist(intervals, schema=intervals_schema))
 
 
 def ingest_mlperf(paths: Iterable[str | Path], db_path: str | Path) -> dict[str, int]:

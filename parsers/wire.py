@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
 _SHIFTS = [np.uint64(7 * i) for i in range(10)]
 _LOW7 = np.uint8(0x7F)
@@ -162,42 +161,17 @@ def scalar(
     return out, present
 
 
-def string_array(
-    buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None
-) -> pa.Array:
-    """Arrow string array of ``buf[start:start+length]`` per row (null where not ``valid``).
+def strings(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> list[str]:
+    """``buf[start:start+length]`` per row, decoded as UTF-8 (protobuf ``string`` fields must be).
 
-    Raises ``WireError`` if a value is not UTF-8 (protobuf ``string`` fields must be).
+    One Python ``str`` per value: only event stats with string values come here (host threads'
+    annotations, not the millions of device ops). Raises ``WireError`` on invalid UTF-8.
     """
-    n = len(starts)
-    lengths = lengths.astype(np.int64, copy=True)
-    if valid is not None:
-        lengths[~valid] = 0
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total:
-        nonzero = lengths > 0
-        index = np.repeat(starts[nonzero].astype(np.int64) - offsets[:-1][nonzero], lengths[nonzero])
-        index += np.arange(total, dtype=np.int64)
-        data = buf[index]
-    else:
-        data = np.zeros(0, dtype=np.uint8)
-    large = total >= (1 << 31) - 1
-    offset_buffer = pa.py_buffer(offsets if large else offsets.astype(np.int32))
-    validity = None
-    null_count = 0
-    if valid is not None and not valid.all():
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-        null_count = int(n - valid.sum())
-    arr = pa.Array.from_buffers(
-        pa.large_string() if large else pa.string(),
-        n,
-        [validity, offset_buffer, pa.py_buffer(data)],
-        null_count=null_count,
-    )
+    view = memoryview(buf)
     try:
-        arr.validate(full=True)
-    except pa.ArrowInvalid as exc:
-        raise WireError(f"invalid UTF-8 in a string field ({exc})") from None
-    return arr.cast(pa.string()) if large else arr
+        return [
+            str(view[start : start + size], "utf-8")
+            for start, size in zip(starts.tolist(), lengths.tolist(), strict=True)
+        ]
+    except UnicodeDecodeError as exc:
+        raise WireError(f"invalid UTF-8 in a string field ({exc.reason})") from None

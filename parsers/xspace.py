@@ -1,38 +1,45 @@
-"""XSpace (``*.xplane.pb``) reader: one host file -> plane-by-plane Arrow batches.
+"""XSpace (``*.xplane.pb``) reader: one host file -> plane-by-plane numpy event batches.
 
-Speed (2M+ events per host): upb parses the file into a *skeleton* whose ``XLine.events`` are
+Speed (2M+ events per host): upb parses each plane into a *skeleton* whose ``XLine.events`` are
 left as raw bytes, so no Python object is ever made per event; ``parsers.wire`` then decodes the
 events (and their stats) of up to ``CHUNK_EVENTS`` events at a time with numpy. Planes, lines and
 event/stat metadata (thousands, not millions) are read through the normal message API.
+Memory: the file is never held whole; only its top-level field headers are walked, and each
+plane is read from its byte range when needed (validation, then streaming).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, unknown_fields
 from google.protobuf.message import DecodeError
 from tpuanalyze.parsers import wire
 from tpuanalyze.parsers.staging import (
     CHUNK_EVENTS,
-    LINE_SCHEMA,
+    LINE_COLUMNS,
+    STAT_DOUBLE,
+    STAT_INT,
+    STAT_TEXT,
+    STAT_UINT,
+    Columns,
+    EventBatch,
     PlaneData,
     PlaneInfo,
     StatLong,
     classify_plane,
-    event_batch,
+    empty_lines,
     json_safe,
+    lines_columns,
     metadata_table,
+    text_column,
 )
-from tpuanalyze.parsers.trace_file import read_trace_file
+from tpuanalyze.parsers.trace_file import open_trace_file, read_trace_file
 
 from tpuanalyze.errors import TraceFormatError
 from tpuanalyze.proto import xplane_pb2
@@ -94,14 +101,70 @@ def _parse_part(kind: str, data: bytes, path: str, where: str) -> Any:
     return message
 
 
+_XPLANE_LINES = xplane_pb2.XPlane.DESCRIPTOR.fields_by_name["lines"].number
+_EVENT_TAG = (xplane_pb2.XLine.DESCRIPTOR.fields_by_name["events"].number << 3) | 2  # one byte
 _TRUNCATED = "corrupt or truncated XSpace protobuf in the file (truncated field)"
 
 
-def _varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
+def _read_varint(handle: BinaryIO, where: str) -> int:
+    value = shift = 0
+    while True:
+        byte = handle.read(1)
+        if not byte or shift > 63:
+            raise TraceFormatError("corrupt or truncated XSpace protobuf in the file (bad varint)", where)
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+
+
+def _split_planes(handle: BinaryIO, end: int, where: str) -> tuple[list[tuple[int, int]], bytes]:
+    """Top level of an XSpace: (offset, size) of each ``planes`` field, and the other fields' bytes.
+
+    Reads only the top-level field headers (a few dozen) and seeks over the planes, so the file
+    is never held in memory; the remaining fields (hostnames, errors, warnings, anything
+    unknown) are parsed and checked by upb.
+    """
+    ranges: list[tuple[int, int]] = []
+    rest: list[bytes] = []
+    pos = 0
+    handle.seek(0)
+    while pos < end:
+        field_start = pos
+        tag = _read_varint(handle, where)
+        wire_type = tag & 7
+        if wire_type == 2:
+            size = _read_varint(handle, where)
+            pos = handle.tell()
+            if pos + size > end:
+                raise TraceFormatError(_TRUNCATED, where)
+            if tag >> 3 == 1:
+                ranges.append((pos, size))
+                pos += size
+                handle.seek(pos)
+                continue
+            pos += size
+        elif wire_type == 0:
+            _read_varint(handle, where)
+            pos = handle.tell()
+        elif wire_type in (1, 5):
+            pos = handle.tell() + (8 if wire_type == 1 else 4)
+            if pos > end:
+                raise TraceFormatError(_TRUNCATED, where)
+        else:
+            raise TraceFormatError(
+                f"corrupt or truncated XSpace protobuf in the file (wire type {wire_type})", where
+            )
+        handle.seek(field_start)
+        rest.append(handle.read(pos - field_start))
+    return ranges, b"".join(rest)
+
+
+def _varint_at(data: bytes, pos: int, where: str, what: str) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(data) or shift > 63:
-            raise TraceFormatError("corrupt or truncated XSpace protobuf in the file (bad varint)", where)
+            raise TraceFormatError(f"corrupt or truncated XSpace protobuf in {what} (bad varint)", where)
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -110,40 +173,122 @@ def _varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
         shift += 7
 
 
-def _split_planes(data: bytes, where: str) -> tuple[list[tuple[int, int]], bytes]:
-    """Top level of an XSpace: (offset, size) of each ``planes`` field, and the other fields' bytes.
+def _split_lines(data: bytes, where: str, what: str) -> tuple[list[tuple[int, int]], bytes]:
+    """An XPlane's bytes -> (offset, size) of each ``lines`` field, and the other fields' bytes.
 
-    Walks only the top-level fields (a few dozen), so the planes are never copied; the remaining
-    fields (hostnames, errors, warnings, anything unknown) are parsed and checked by upb.
+    Why: upb would copy every line into the plane's arena and Python again on access; with the
+    ranges each line is parsed straight from the plane's bytes (peak memory -9 MB per 4.6 MB
+    plane). Walks only the plane's top-level fields (lines, metadata entries, stats).
     """
     ranges: list[tuple[int, int]] = []
     rest: list[bytes] = []
+    truncated = f"corrupt or truncated XSpace protobuf in {what} (truncated field)"
     pos, end = 0, len(data)
     while pos < end:
         field_start = pos
-        tag, pos = _varint(data, pos, where)
+        tag, pos = _varint_at(data, pos, where, what)
         wire_type = tag & 7
         if wire_type == 2:
-            size, pos = _varint(data, pos, where)
+            size, pos = _varint_at(data, pos, where, what)
             if pos + size > end:
-                raise TraceFormatError(_TRUNCATED, where)
-            if tag >> 3 == 1:
+                raise TraceFormatError(truncated, where)
+            if tag >> 3 == _XPLANE_LINES:
                 ranges.append((pos, size))
                 pos += size
                 continue
             pos += size
         elif wire_type == 0:
-            _, pos = _varint(data, pos, where)
+            _, pos = _varint_at(data, pos, where, what)
         elif wire_type in (1, 5):
             pos += 8 if wire_type == 1 else 4
             if pos > end:
-                raise TraceFormatError(_TRUNCATED, where)
+                raise TraceFormatError(truncated, where)
         else:
             raise TraceFormatError(
-                f"corrupt or truncated XSpace protobuf in the file (wire type {wire_type})", where
+                f"corrupt or truncated XSpace protobuf in {what} (wire type {wire_type})", where
             )
         rest.append(data[field_start:pos])
     return ranges, b"".join(rest)
+
+
+class _Plane:
+    """One plane read from the file: its message without lines, and its lines parsed on demand."""
+
+    def __init__(self, blob: bytes, where: str, index: int) -> None:
+        what = f"plane #{index}"
+        self.blob, self.where, self.index = blob, where, index
+        self.line_ranges, rest = _split_lines(blob, where, what)
+        self.message = _parse_part("XPlane", rest, where, what)
+
+    @property
+    def name(self) -> str:
+        return self.message.name
+
+    def lines(self) -> Iterator[Any]:
+        view = memoryview(self.blob)
+        for line_index, (start, size) in enumerate(self.line_ranges):
+            what = f"line #{line_index} of plane {self.message.name!r}"
+            yield _parse_part("XLine", view[start : start + size], self.where, what)
+
+    def event_ranges(self, line_index: int, limit: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(starts, ends) of the line's events within the plane's bytes, ``limit`` at a time.
+
+        Why walk the line here instead of letting upb split it: upb copies a line's events into
+        its arena and needs a Python bytes object per event to hand them out (9 MB for a
+        242K-event line, all of it at once); this walk holds ``limit`` offsets. Fields other than
+        events are skipped: the validation pass read them (and checked the line with upb).
+        """
+        data = self.blob
+        start, size = self.line_ranges[line_index]
+        pos, end = start, start + size
+        what = f"line #{line_index} of plane {self.message.name!r}"
+        starts: list[int] = []
+        ends: list[int] = []
+        count = 0
+        event_tag = _EVENT_TAG
+        while pos < end:
+            if data[pos] == event_tag and pos + 1 < end:
+                length = data[pos + 1]
+                if length < 0x80:
+                    first = pos + 2
+                else:
+                    length, first = _varint_at(data, pos + 1, self.where, what)
+                pos = first + length
+                starts.append(first)
+                ends.append(pos)
+                count += 1
+                if count == limit:
+                    yield np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+                    starts, ends, count = [], [], 0
+                continue
+            tag, pos = _varint_at(data, pos, self.where, what)
+            wire_type = tag & 7
+            if wire_type == 2:
+                length, pos = _varint_at(data, pos, self.where, what)
+                pos += length
+            elif wire_type == 0:
+                pos = _varint_at(data, pos, self.where, what)[1]
+            elif wire_type in (1, 5):
+                pos += 8 if wire_type == 1 else 4
+            else:
+                raise TraceFormatError(
+                    f"corrupt XSpace protobuf in {what} (wire type {wire_type})", self.where
+                )
+        if pos != end:
+            raise TraceFormatError(f"corrupt or truncated XSpace protobuf in {what}", self.where)
+        if count:
+            yield np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+
+
+def _read_range(handle: BinaryIO, start: int, size: int, where: str) -> bytes:
+    handle.seek(start)
+    try:
+        blob = handle.read(size)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read: {exc.strerror or exc}", where) from None
+    if len(blob) != size:
+        raise TraceFormatError("file changed while being ingested", where)
+    return blob
 
 
 def read_bytes(path: Path) -> bytes:
@@ -212,11 +357,11 @@ _STAT_DOUBLE, _STAT_UINT, _STAT_INT, _STAT_STR, _STAT_BYTES, _STAT_REF = 2, 3, 4
 _STAT_WIRE = {2: 1, 3: 0, 4: 0, 5: 2, 6: 2, 7: 0}
 
 
-def _dictionary(ids: np.ndarray, names: dict[int, str], prefix: str) -> pa.DictionaryArray:
-    """Int ids -> dictionary array of names (one Python lookup per distinct id)."""
+def _labels(ids: np.ndarray, names: dict[int, str], prefix: str) -> np.ndarray:
+    """Int ids -> object array of names (one Python lookup per distinct id)."""
     uniq, inverse = np.unique(ids, return_inverse=True)
-    labels = [names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq]
-    return pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32)), pa.array(labels, pa.string()))
+    labels = text_column([names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq])
+    return labels[inverse.reshape(-1)]
 
 
 def _decode_stats(
@@ -226,68 +371,67 @@ def _decode_stats(
     m = len(starts)
     fields = wire.decode_fields(buf, starts, starts + lengths)
     mids = wire.scalar(fields, m, 1)[0].view(np.int64)
-    kind = np.zeros(m, dtype=np.int8)
+    number = np.zeros(m, dtype=np.int8)
     found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for number, wire_type in _STAT_WIRE.items():
-        msg, value, length = fields.select(number, wire_type)
-        kind[msg] = number
-        found[number] = (msg, value, length)
+    for field_number, wire_type in _STAT_WIRE.items():
+        msg, value, length = fields.select(field_number, wire_type)
+        number[msg] = field_number
+        found[field_number] = (msg, value, length)
+    del fields
 
-    def numeric(number: int, view: str) -> tuple[np.ndarray, np.ndarray]:
-        msg, value, _ = found[number]
+    def numeric(field_number: int, view: str) -> np.ndarray:
+        msg, value, _ = found[field_number]
         full = np.zeros(m, dtype=np.uint64)
         full[msg] = value
-        return full.view(view), kind == number
+        return full.view(view)
 
-    i64, i64_ok = numeric(_STAT_INT, "<i8")
-    u64, u64_ok = numeric(_STAT_UINT, "<u8")
-    f64, f64_ok = numeric(_STAT_DOUBLE, "<f8")
-    nonfinite = f64_ok & ~np.isfinite(f64)
-    f64_ok &= ~nonfinite
+    kind = np.zeros(m, dtype=np.int8)
+    kind[number == _STAT_INT] = STAT_INT
+    kind[number == _STAT_UINT] = STAT_UINT
+    kind[number == _STAT_DOUBLE] = STAT_DOUBLE
+    f64 = numeric(_STAT_DOUBLE, "<f8")
+    text = np.full(m, None, dtype=object)
     msg, value, length = found[_STAT_STR]
-    str_start = np.zeros(m, dtype=np.int64)
-    str_len = np.zeros(m, dtype=np.int64)
-    str_start[msg] = value.astype(np.int64)
-    str_len[msg] = length
-    texts = [wire.string_array(buf, str_start, str_len, kind == _STAT_STR)]
-    ref_ok = kind == _STAT_REF
-    if ref_ok.any():
-        ref_ids = np.zeros(m, dtype=np.uint64)
-        msg, value, _ = found[_STAT_REF]
-        ref_ids[msg] = value
-        refs = _dictionary(ref_ids.view(np.int64), stat_names, "ref").cast(pa.string())
-        texts.append(pc.if_else(pa.array(ref_ok), refs, pa.nulls(m, pa.string())))
-    rare = np.flatnonzero((kind == _STAT_BYTES) | nonfinite)
-    if len(rare):  # bytes (base64 text) and NaN/inf (text): few, done one by one
-        extra: list[str | None] = [None] * m
+    if len(msg):
+        str_start = np.zeros(m, dtype=np.int64)
+        str_len = np.zeros(m, dtype=np.int64)
+        str_start[msg] = value.astype(np.int64)
+        str_len[msg] = length
+        rows = np.flatnonzero(number == _STAT_STR)
+        text[rows] = wire.strings(buf, str_start[rows], str_len[rows])
+    rows = np.flatnonzero(number == _STAT_REF)
+    if len(rows):
+        text[rows] = _labels(numeric(_STAT_REF, "<i8")[rows], stat_names, "ref")
+    nonfinite = np.flatnonzero((number == _STAT_DOUBLE) & ~np.isfinite(f64))
+    if len(nonfinite):  # JSON has no NaN/inf: their text, as json_safe writes it
+        text[nonfinite] = [repr(float(v)) for v in f64[nonfinite]]
+    rows = np.flatnonzero(number == _STAT_BYTES)
+    if len(rows):  # base64 text, few, one by one (last occurrence wins, as in protobuf)
         b_msg, b_start, b_len = found[_STAT_BYTES]
-        last_bytes = {int(i): (int(s), int(n)) for i, s, n in zip(b_msg, b_start, b_len, strict=True)}
-        for i in rare.tolist():
-            if kind[i] == _STAT_BYTES:
-                start, size = last_bytes[i]
-                extra[i] = json_safe(buf[start : start + size].tobytes())
-            else:
-                extra[i] = repr(float(f64[i]))
-        texts.append(pa.array(extra, pa.string()))
-    text = texts[0] if len(texts) == 1 else pc.coalesce(*texts)
+        last = {int(i): (int(st), int(n)) for i, st, n in zip(b_msg, b_start, b_len, strict=True)}
+        for i in rows.tolist():
+            start, size = last[i]
+            text[i] = json_safe(buf[start : start + size].tobytes())
+    kind[(number == _STAT_STR) | (number == _STAT_REF) | (number == _STAT_BYTES)] = STAT_TEXT
+    kind[nonfinite] = STAT_TEXT
     return StatLong(
         owner=owners,
-        keys=_dictionary(mids, stat_names, "stat"),
-        i64=pa.array(i64, pa.int64(), mask=~i64_ok),
-        u64=pa.array(u64, pa.uint64(), mask=~u64_ok),
-        f64=pa.array(f64, pa.float64(), mask=~f64_ok),
-        s=text,
+        key=_labels(mids, stat_names, "stat"),
+        kind=kind,
+        i64=numeric(_STAT_INT, "<i8"),
+        u64=numeric(_STAT_UINT, "<u8"),
+        f64=f64,
+        text=text,
     )
 
 
 class XSpaceReader:
     """One host's ``.xplane.pb``: validated on construction, then streamed plane by plane.
 
-    Construction reads the file once as plane blobs and expands every plane and line once to
+    Construction walks the file's top level, then reads and expands every plane and line once to
     validate it and find ``t0_ns`` (the earliest ``timestamp_ns`` of a line with events); event
     ``start_ps`` values in the batches are relative to it (the loader shifts them to the run's t0).
-    Memory: the file's bytes while validating; afterwards only plane byte ranges, and streaming
-    reads back one plane (and expands one line) at a time.
+    Memory: one plane's bytes (and one expanded line) at a time, while validating and streaming.
     """
 
     source_format = "xspace"
@@ -296,35 +440,44 @@ class XSpaceReader:
         self.path = Path(path)
         self.host = host or host_name_for(self.path)
         self.file_path = str(self.path.resolve())
-        data = read_bytes(self.path)
-        self.file_bytes = len(data)
         where = str(self.path)
-        ranges, rest = _split_planes(data, where)
-        space = _parse_part("XSpace", rest, where, "the file")
-        if not ranges:
-            raise TraceFormatError("XSpace holds no planes", where)
-        self.hostnames = list(space.hostnames)
-        self.errors = list(space.errors)
-        self.warnings = list(space.warnings)
-        self.metadata: dict[str, Any] = {}
-        # Plane byte ranges only: each plane is read back from the file when streamed, so the
-        # whole file is not held while DuckDB loads (peak RSS -40 MB on a 37.9 MB file).
-        self._ranges: list[tuple[int, int]] | None = ranges
-        del space
-        names: list[str] = []
-        stamps: list[int] = []
-        self.num_events = 0
-        view = memoryview(data)
-        for index, (start, size) in enumerate(ranges):
-            plane = _parse_part("XPlane", view[start : start + size], where, f"plane #{index}")
-            names.append(plane.name)
-            for line_index, line_blob in enumerate(plane.lines):
-                line = _parse_part("XLine", line_blob, where, f"line #{line_index} of plane {plane.name!r}")
-                if len(line.events):
-                    stamps.append(line.timestamp_ns)
-                    self.num_events += len(line.events)
-        view.release()
-        del data
+        handle, self.file_bytes = open_trace_file(self.path, "an XSpace file")
+        with handle:
+            if handle.read(2) == b"\x1f\x8b":
+                raise TraceFormatError("gzip-compressed data, not a raw XSpace protobuf", where)
+            ranges, rest = _split_planes(handle, self.file_bytes, where)
+            space = _parse_part("XSpace", rest, where, "the file")
+            if not ranges:
+                raise TraceFormatError("XSpace holds no planes", where)
+            self.hostnames = list(space.hostnames)
+            self.errors = list(space.errors)
+            self.warnings = list(space.warnings)
+            self.metadata: dict[str, Any] = {}
+            # Plane byte ranges only: each plane is read back from the file when streamed.
+            self._ranges: list[tuple[int, int]] | None = ranges
+            del space
+            names: list[str] = []
+            stamps: list[int] = []
+            self.num_events = 0
+            # Each plane's lines (id, display_id, name, display_name, timestamp_ns, duration_ps,
+            # events): streaming then walks only the events.
+            self._line_rows: list[list[tuple[Any, ...]]] = []
+            for index, (start, size) in enumerate(ranges):
+                plane = _Plane(_read_range(handle, start, size, where), where, index)
+                names.append(plane.name)
+                rows = []
+                for line in plane.lines():
+                    count = len(line.events)
+                    rows.append(
+                        (line.id, line.display_id, line.name, line.display_name or None,
+                         line.timestamp_ns, line.duration_ps, count)
+                    )
+                    if count:
+                        stamps.append(line.timestamp_ns)
+                        self.num_events += count
+                    del line
+                self._line_rows.append(rows)
+                del plane
         if not any(names):
             raise TraceFormatError("not an XSpace protobuf (no plane has a name)", where)
         self.t0_ns: int | None = min(stamps) if stamps else None
@@ -336,45 +489,34 @@ class XSpaceReader:
     def planes(self) -> Iterator[PlaneData]:
         if self._ranges is None:
             raise RuntimeError("XSpaceReader already released")
-        try:
-            handle = self.path.open("rb")
-        except OSError as exc:
-            raise TraceFormatError(f"cannot read: {exc.strerror or exc}", self.file_path) from None
+        handle, size = open_trace_file(self.path, "an XSpace file")
         with handle:
-            if os.fstat(handle.fileno()).st_size != self.file_bytes:
+            if size != self.file_bytes:
                 raise TraceFormatError("file changed while being ingested", self.file_path)
             for plane_index, (start, size) in enumerate(self._ranges):
-                handle.seek(start)
-                blob = handle.read(size)
-                if len(blob) != size:
-                    raise TraceFormatError("file changed while being ingested", self.file_path)
-                plane = _parse_part("XPlane", blob, self.file_path, f"plane #{plane_index}")
-                del blob
+                plane = _Plane(_read_range(handle, start, size, self.file_path), self.file_path, plane_index)
                 yield self._plane(plane_index, plane)
+                del plane
 
-    def _lines(self, plane: Any) -> Iterator[Any]:
-        for line_index, blob in enumerate(plane.lines):
-            yield _parse_part("XLine", blob, self.file_path, f"line #{line_index} of plane {plane.name!r}")
-
-    def _plane(self, plane_index: int, plane: Any) -> PlaneData:
+    def _plane(self, plane_index: int, read: _Plane) -> PlaneData:
+        plane = read.message
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
         kind, ordinal = classify_plane(plane.name)
         plane_stats = {k: json_safe(v) for k, v in _stat_dict(plane.stats, stat_names).items()}
         if plane.name == "Task Environment":
             self.metadata.update({k: v for k, v in plane_stats.items() if k.startswith("profile_")})
-        lines: dict[str, list[Any]] = {f.name: [] for f in LINE_SCHEMA}
+        rows = self._line_rows[plane_index]
+        if len(rows) != len(read.line_ranges):
+            raise TraceFormatError("file changed while being ingested", self.file_path)
+        lines = empty_lines()
         module_ids: set[int] = set()
-        for line_index, line in enumerate(self._lines(plane)):
-            lines["line_index"].append(line_index)
-            lines["line_id"].append(line.id)
-            lines["display_id"].append(line.display_id)
-            lines["name"].append(line.name)
-            lines["display_name"].append(line.display_name or None)
-            lines["timestamp_ns"].append(line.timestamp_ns)
-            lines["duration_ps"].append(line.duration_ps)
-            lines["num_events"].append(len(line.events))
-            if line.name == "XLA Modules" and len(line.events):
-                module_ids.update(np.unique(self._decode_chunk(list(line.events))[0]).tolist())
+        buf = np.frombuffer(read.blob, dtype=np.uint8)
+        for line_index, row in enumerate(rows):
+            for column, value in zip(LINE_COLUMNS, (line_index, *row), strict=True):
+                lines[column].append(value)
+            if row[2] == "XLA Modules" and row[-1]:
+                for starts, ends in read.event_ranges(line_index, CHUNK_EVENTS):
+                    module_ids.update(np.unique(self._decode_chunk(buf, starts, ends)[0]).tolist())
         metadata = self._metadata(plane, stat_names, module_ids)
         info = PlaneInfo(
             plane_index=plane_index,
@@ -385,18 +527,18 @@ class XSpaceReader:
             device_type=_as_str(plane_stats.get("device_type_string")),
             peak_tflops=_as_float(plane_stats.get("peak_teraflops_per_second")),
             peak_hbm_bw_gbps=_as_float(plane_stats.get("peak_hbm_bw_gigabytes_per_second")),
-            num_lines=len(plane.lines),
+            num_lines=len(read.line_ranges),
             num_events=sum(lines["num_events"]),
             stats=json.dumps(plane_stats) if plane_stats else None,
         )
         return PlaneData(
             info=info,
-            lines=pa.Table.from_pydict(lines, schema=LINE_SCHEMA),
+            lines=lines_columns(lines),
             metadata=metadata,
-            batches=self._batches(plane, stat_names, metadata, lines["name"]),
+            batches=self._batches(read, stat_names),
         )
 
-    def _metadata(self, plane: Any, stat_names: dict[int, str], module_ids: set[int]) -> pa.Table:
+    def _metadata(self, plane: Any, stat_names: dict[int, str], module_ids: set[int]) -> Columns:
         """Event metadata of a plane; ``hlo_module`` filled for XLA modules and their ops.
 
         An 'XLA Modules' event's name is the module; an op whose ``program_id`` matches a module's
@@ -419,16 +561,14 @@ class XSpaceReader:
                     stats["hlo_module"] = module
         return metadata_table(rows)
 
-    def _decode_chunk(self, raw: list[bytes]) -> tuple[np.ndarray, ...]:
-        """Raw XEvent bytes -> metadata_id, offset_ps, duration_ps, num_occurrences (+ mask), buf, fields."""
-        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
-        buf = np.frombuffer(b"".join(raw), dtype=np.uint8)
-        ends = np.cumsum(lengths)
+    def _decode_chunk(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
+        """XEvents at ``buf[starts[i]:ends[i]]`` -> metadata_id, offset_ps, duration_ps,
+        num_occurrences (+ mask), buf, fields."""
         try:
-            fields = wire.decode_fields(buf, ends - lengths, ends)
+            fields = wire.decode_fields(buf, starts, ends)
         except wire.WireError as exc:
             raise TraceFormatError(f"corrupt XSpace events: {exc}", self.file_path) from None
-        n = len(raw)
+        n = len(starts)
         occurrences, has_occurrences = wire.scalar(fields, n, 5)
         return (
             wire.scalar(fields, n, 1)[0].view(np.int64),
@@ -440,57 +580,48 @@ class XSpaceReader:
             fields,
         )
 
-    def _batches(
-        self, plane: Any, stat_names: dict[int, str], metadata: pa.Table, line_names: list[str]
-    ) -> Iterator[pa.Table]:
+    def _batches(self, plane: _Plane, stat_names: dict[int, str]) -> Iterator[EventBatch]:
         base_ns = self.t0_ns or 0
-        pending: list[bytes] = []
-        pending_lines: list[np.ndarray] = []
-        pending_base: list[np.ndarray] = []
+        buf = np.frombuffer(plane.blob, dtype=np.uint8)
+        pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         count = 0
-        for line_index, line in enumerate(self._lines(plane)):
-            events = line.events
-            total = len(events)
-            for lo in range(0, total, CHUNK_EVENTS):
-                raw = events[lo : lo + CHUNK_EVENTS]
-                pending.extend(raw)
-                pending_lines.append(np.full(len(raw), line_index, dtype=np.int32))
-                pending_base.append(np.full(len(raw), (line.timestamp_ns - base_ns) * 1000, dtype=np.int64))
-                count += len(raw)
+        for line_index, row in enumerate(self._line_rows[plane.index]):
+            base_ps = (row[4] - base_ns) * 1000
+            # a batch holds CHUNK_EVENTS to 2 x CHUNK_EVENTS events (short lines are gathered)
+            for starts, ends in plane.event_ranges(line_index, CHUNK_EVENTS):
+                n = len(starts)
+                line_column = np.full(n, line_index, dtype=np.int32)
+                pending.append((starts, ends, line_column, np.full(n, base_ps, dtype=np.int64)))
+                count += n
                 if count >= CHUNK_EVENTS:
-                    yield self._batch(pending, pending_lines, pending_base, line_names, stat_names, metadata)
-                    pending, pending_lines, pending_base, count = [], [], [], 0
-            del events, line
+                    yield self._batch(buf, pending, stat_names)
+                    pending, count = [], 0
         if count:
-            yield self._batch(pending, pending_lines, pending_base, line_names, stat_names, metadata)
+            yield self._batch(buf, pending, stat_names)
 
     def _batch(
         self,
-        raw: list[bytes],
-        lines: list[np.ndarray],
-        bases: list[np.ndarray],
-        line_names: list[str],
+        buf: np.ndarray,
+        pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
         stat_names: dict[int, str],
-        metadata: pa.Table,
-    ) -> pa.Table:
-        md_ids, offsets, durations, occurrences, has_occ, buf, fields = self._decode_chunk(raw)
-        raw.clear()
+    ) -> EventBatch:
+        starts, ends, lines, bases = (np.concatenate(part) for part in zip(*pending, strict=True))
+        md_ids, offsets, durations, occurrences, has_occ, buf, fields = self._decode_chunk(buf, starts, ends)
         stats = None
         owner, start, length = fields.select(4, 2)
+        del fields
         if len(owner):
             try:
                 stats = _decode_stats(buf, owner, start.astype(np.int64), length, stat_names)
             except wire.WireError as exc:
                 raise TraceFormatError(f"corrupt XSpace event stats: {exc}", self.file_path) from None
-        del fields
-        return event_batch(
-            line_index=np.concatenate(lines),
-            line_names=line_names,
-            metadata_ids=md_ids,
-            metadata=metadata,
-            start_ps=offsets + np.concatenate(bases),
+        return EventBatch(
+            line_index=lines,
+            metadata_id=md_ids,
+            start_ps=offsets + bases,
             duration_ps=durations,
-            num_occurrences=pa.array(occurrences, pa.int64(), mask=~has_occ),
+            num_occurrences=occurrences,
+            has_occurrences=has_occ,
             stats=stats,
         )
 

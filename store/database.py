@@ -39,7 +39,8 @@ def connect(db_path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConn
 
 
 def _add_missing_columns(con: duckdb.DuckDBPyConnection) -> None:
-    """Refuse a database whose ``events`` is still a table (written by an early tpuanalyze)."""
+    """Refuse a database written by an earlier storage layout (``events`` a table, or
+    ``event_rows`` without ``event_index``): its rows cannot be read through today's views."""
     rows = con.execute(
         "SELECT table_type FROM information_schema.tables "
         "WHERE table_schema = 'main' AND table_name = 'events'"
@@ -47,6 +48,18 @@ def _add_missing_columns(con: duckdb.DuckDBPyConnection) -> None:
     if rows and rows[0][0] == "BASE TABLE":
         raise duckdb.InvalidInputException(
             "written by an older tpuanalyze (events is a table); ingest into a new database file"
+        )
+    columns = {
+        row[0]
+        for row in con.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = 'main' AND table_name = 'event_rows'"
+        ).fetchall()
+    }
+    if columns and "event_index" not in columns:
+        raise duckdb.InvalidInputException(
+            "written by an older tpuanalyze (event_rows has no event_index); "
+            "ingest into a new database file"
         )
 
 

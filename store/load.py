@@ -1,8 +1,15 @@
-"""Bulk-load a run into the public relations, streaming Arrow batches (never row by row).
+"""Bulk-load a run into the public relations from numpy columns (never row by row).
 
-Each plane's lines and event metadata, and each event batch a reader yields, is registered with
-DuckDB as an Arrow view and copied with one ``INSERT ... SELECT``; the run/host-level constants
-(run_id, host, plane name, time shift to the run's t0) are bound parameters of that statement.
+Each plane's lines and event metadata, and each event batch a reader yields, reaches DuckDB as
+numpy arrays read by a replacement scan (the arrays are local variables of ``_run_with``) and is
+copied with one ``INSERT ... SELECT`` per batch; the run/host-level constants (run_id, host,
+plane index, time shift to the run's t0) are bound parameters of that statement. An event batch's
+own stats arrive as a long table; SQL turns it into the typed columns and the ``stats`` JSON.
+
+Why replacement scans, not ``register``: DuckDB keeps every object registered inside a
+transaction alive until COMMIT (the unregistered view stays visible to the open transaction), so
+registering each batch held all of a host's batches in memory at once; a replacement scan's
+arrays are freed when the statement ends (benchmarks/results/ingest_memory.md).
 """
 
 from __future__ import annotations
@@ -16,27 +23,132 @@ from datetime import datetime, timezone
 from typing import Any
 
 import duckdb
-import pyarrow as pa
-from tpuanalyze.parsers.staging import EVENT_COLUMNS, TYPED_COLUMNS, HostReader, PlaneData
+import numpy as np
+from tpuanalyze.parsers.staging import (
+    SQL_TYPE,
+    STAT_DOUBLE,
+    STAT_INT,
+    STAT_JSON,
+    STAT_TEXT,
+    STAT_UINT,
+    TYPED_COLUMNS,
+    TYPED_STATS,
+    Columns,
+    EventBatch,
+    HostReader,
+    PlaneData,
+)
+
+
+def _value(column: str, kind: str, source: str = "") -> str:
+    """SELECT expression of a loader column: nullable numbers come with a ``__ok`` mask."""
+    if kind == "str":
+        return f"CAST({source}{column} AS VARCHAR)"
+    return f"CASE WHEN {source}{column}__ok THEN {source}{column} END"
+
 
 _TYPED = ", ".join(c for c, _ in TYPED_COLUMNS)
-_INSERT_EVENTS = f"""
-INSERT INTO event_rows (run_id, host, plane_index, line_index, metadata_id, start_ps, duration_ps,
-                        num_occurrences, {_TYPED}, stats)
-SELECT $run_id, $host, $plane_index, line_index, metadata_id, start_ps + $shift_ps, duration_ps,
-       num_occurrences, {_TYPED}, CAST(stats AS JSON)
+# An event's own typed values: step_num and group_id (common per event) in event_rows, the rest
+# in event_details (schema.sql says why event_rows stays narrow).
+ROW_TYPED = [(c, k) for c, k in TYPED_COLUMNS if c in ("step_num", "group_id")]
+DETAIL_TYPED = [(c, k) for c, k in TYPED_COLUMNS if (c, k) not in ROW_TYPED]
+_INSERT_EVENTS_PLAIN = """
+INSERT INTO event_rows (run_id, host, plane_index, line_index, event_index, metadata_id, start_ps,
+                        duration_ps, num_occurrences)
+SELECT $run_id, $host, $plane_index, line_index, $first_index + row, metadata_id, start_ps + $shift_ps,
+       duration_ps, CASE WHEN num_occurrences__ok THEN num_occurrences END
 FROM stg_events
+"""
+
+
+def _stats_sql() -> str:
+    """Per event of a batch (``owner``), from its stats' long table: typed columns and the JSON text
+    of the rest.
+
+    A stat feeds its typed column when its value fits the column's kind (a string column takes
+    text and integers; numeric columns take numbers); the last such stat of an event wins, and
+    where two names feed one column (step_num, iter_num) the first listed wins. Every other stat
+    goes to the ``stats`` JSON object, in trace order. Work and memory scale with the stats, not
+    the batch: the result is scattered onto the events with numpy (a join + sort over the whole
+    batch here cost ~20 MB of peak memory per statement).
+    """
+    value_of = {
+        "str": f"CASE kind WHEN {STAT_TEXT} THEN text WHEN {STAT_INT} THEN CAST(i64 AS VARCHAR) "
+        f"WHEN {STAT_UINT} THEN CAST(u64 AS VARCHAR) END",
+        "int": f"CASE kind WHEN {STAT_INT} THEN i64 WHEN {STAT_UINT} THEN TRY_CAST(u64 AS BIGINT) "
+        f"WHEN {STAT_DOUBLE} THEN TRY_CAST(f64 AS BIGINT) END",
+        # a negative int64 stat in a uint64 column is its two's complement, as protobuf writes it
+        "uint": f"CASE kind WHEN {STAT_UINT} THEN u64 WHEN {STAT_INT} THEN CAST(CASE WHEN i64 < 0 "
+        f"THEN CAST(i64 AS HUGEINT) + 18446744073709551616 ELSE i64 END AS UBIGINT) "
+        f"WHEN {STAT_DOUBLE} THEN TRY_CAST(f64 AS UBIGINT) END",
+        "double": f"CASE kind WHEN {STAT_DOUBLE} THEN f64 WHEN {STAT_INT} THEN CAST(i64 AS DOUBLE) "
+        f"WHEN {STAT_UINT} THEN CAST(u64 AS DOUBLE) END",
+    }
+    fits = " ".join(
+        f"WHEN '{stat}' THEN v_{kind} IS NOT NULL" for stat, (_, kind) in TYPED_STATS.items()
+    )
+    per_column = []
+    for column, kind in TYPED_COLUMNS:
+        stats = [stat for stat, (target, _) in TYPED_STATS.items() if target == column]
+        picks = [f"arg_max(v_{kind}, seq) FILTER (WHERE key = '{stat}' AND typed)" for stat in stats]
+        per_column.append(
+            (picks[0] if len(picks) == 1 else f"coalesce({', '.join(picks)})") + f" AS {column}"
+        )
+    value_json = (
+        f"CASE kind WHEN {STAT_INT} THEN CAST(to_json(i64) AS VARCHAR) "
+        f"WHEN {STAT_UINT} THEN CAST(to_json(u64) AS VARCHAR) "
+        f"WHEN {STAT_DOUBLE} THEN CAST(to_json(f64) AS VARCHAR) "
+        f"WHEN {STAT_TEXT} THEN CAST(to_json(text) AS VARCHAR) "
+        f"WHEN {STAT_JSON} THEN text ELSE 'null' END"
+    )
+    return f"""
+WITH stat_values AS (
+    SELECT owner, seq, CAST(key AS VARCHAR) AS key, kind, i64, u64, f64, CAST(text AS VARCHAR) AS text,
+           {value_of["str"]} AS v_str, {value_of["int"]} AS v_int,
+           {value_of["uint"]} AS v_uint, {value_of["double"]} AS v_double
+    FROM stg_stats
+), typed_values AS (
+    SELECT *, coalesce(CASE key {fits} END, false) AS typed FROM stat_values
+)
+SELECT owner, {", ".join(per_column)},
+       '{{' || string_agg(CAST(to_json(key) AS VARCHAR) || ':' || {value_json}, ',' ORDER BY seq)
+               FILTER (WHERE NOT typed) || '}}' AS stats
+FROM typed_values GROUP BY owner
+"""
+
+
+_EVENT_STATS = _stats_sql()
+_INSERT_EVENTS_WITH_STATS = f"""
+INSERT INTO event_rows (run_id, host, plane_index, line_index, event_index, metadata_id, start_ps,
+                        duration_ps, num_occurrences, {", ".join(c for c, _ in ROW_TYPED)})
+SELECT $run_id, $host, $plane_index, line_index, $first_index + row, metadata_id, start_ps + $shift_ps,
+       duration_ps, CASE WHEN num_occurrences__ok THEN num_occurrences END,
+       {", ".join(_value(c, k) for c, k in ROW_TYPED)}
+FROM stg_events
+"""
+_INSERT_DETAILS = f"""
+INSERT INTO event_details (run_id, host, plane_index, event_index, {", ".join(c for c, _ in DETAIL_TYPED)},
+                           stats)
+SELECT * FROM (
+    SELECT $run_id, $host, $plane_index, $first_index + owner,
+           {", ".join(f"{_value(c, k)} AS {c}" for c, k in DETAIL_TYPED)},
+           CAST(CAST(stats AS VARCHAR) AS JSON) AS stats
+    FROM stg_details
+)
+WHERE {" OR ".join(f"{c} IS NOT NULL" for c, _ in DETAIL_TYPED)} OR stats IS NOT NULL
 """
 _INSERT_METADATA = f"""
 INSERT INTO event_metadata (run_id, host, plane_index, metadata_id, name, display_name, {_TYPED}, stats)
-SELECT $run_id, $host, $plane_index, metadata_id, name, display_name, {_TYPED}, CAST(stats AS JSON)
+SELECT $run_id, $host, $plane_index, metadata_id, CAST(name AS VARCHAR), CAST(display_name AS VARCHAR),
+       {", ".join(_value(c, k) for c, k in TYPED_COLUMNS)}, CAST(CAST(stats AS VARCHAR) AS JSON)
 FROM stg_metadata
 """
-_INSERT_LINES = """
+_INSERT_LINES = f"""
 INSERT INTO lines (run_id, host, plane_index, line_index, line_id, display_id, name, display_name,
                    timestamp_ns, duration_ps, num_events)
-SELECT $run_id, $host, $plane_index, line_index, line_id, display_id, name, display_name,
-       timestamp_ns, duration_ps, num_events
+SELECT $run_id, $host, $plane_index, {_value("line_index", "int")}, {_value("line_id", "int")},
+       {_value("display_id", "int")}, CAST(name AS VARCHAR), CAST(display_name AS VARCHAR),
+       {_value("timestamp_ns", "int")}, {_value("duration_ps", "int")}, {_value("num_events", "int")}
 FROM stg_lines
 """
 _INSERT_PLANE = """
@@ -44,7 +156,93 @@ INSERT INTO planes (run_id, host, plane_index, plane_id, name, kind, device_ordi
                     peak_tflops, peak_hbm_bw_gbps, num_lines, num_events, stats)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
-assert EVENT_COLUMNS[-1] == "stats"
+assert set(SQL_TYPE) >= {k for _, k in TYPED_COLUMNS}
+
+
+def _run_with(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: dict[str, Any],
+    events: Columns | None = None,
+    stats: Columns | None = None,
+    lines: Columns | None = None,
+    metadata: Columns | None = None,
+    details: Any = None,
+) -> duckdb.DuckDBPyConnection:
+    """Run ``sql`` with the given numpy tables visible to it as stg_events / stg_stats / ... .
+
+    DuckDB resolves an unknown table name to a local variable of the calling frame holding numpy
+    arrays (a replacement scan); the arrays are released when the statement is done.
+    """
+    stg_events, stg_stats, stg_lines, stg_metadata = events, stats, lines, metadata  # noqa: F841
+    stg_details = details  # noqa: F841
+    return con.execute(sql, params)
+
+
+# Stat rows aggregated per statement: the ordered string_agg buffers its input, and a batch of
+# Kineto events (~8 args each) ran DuckDB's small load buffer out of memory in one piece.
+STATS_PIECE_ROWS = 8_192
+
+
+def _per_event_stats(con: duckdb.DuckDBPyConnection, stats: Columns) -> dict[str, np.ndarray]:
+    """``_EVENT_STATS`` over the long stats table, in pieces of whole events (<= STATS_PIECE_ROWS
+    stat rows, or one event's), so its memory is bounded whatever the events carry."""
+    owner = stats["owner"]
+    if len(owner) <= STATS_PIECE_ROWS:
+        return _run_with(con, _EVENT_STATS, {}, stats=stats).fetchnumpy()
+    order = np.argsort(owner, kind="stable")  # seq (wire order) is kept within an event
+    stats = {name: values[order] for name, values in stats.items()}
+    owner = stats["owner"]
+    results = []
+    start, n = 0, len(owner)
+    while start < n:
+        end = min(start + STATS_PIECE_ROWS, n)
+        if end < n:
+            end = int(np.searchsorted(owner, owner[end], side="left"))
+            if end <= start:  # one event with more stats than a piece
+                end = int(np.searchsorted(owner, owner[start], side="right"))
+        piece = {name: values[start:end] for name, values in stats.items()}
+        results.append(_run_with(con, _EVENT_STATS, {}, stats=piece).fetchnumpy())
+        start = end
+    return {name: np.ma.concatenate([r[name] for r in results]) for name in results[0]}
+
+
+def _insert_batch_with_stats(
+    con: duckdb.DuckDBPyConnection, batch: EventBatch, params: dict[str, Any]
+) -> None:
+    """An event batch with stats: its rows (with step_num/group_id) and its event_details rows.
+
+    The stats are aggregated per event once (``_EVENT_STATS``); step_num and group_id are
+    scattered onto the batch's rows with numpy, the other values go to event_details as they are.
+    """
+    assert batch.stats is not None
+    n = batch.num_rows
+    columns = batch.columns()
+    per_event = _per_event_stats(con, batch.stats.columns())
+    owner = np.asarray(per_event["owner"])
+    for name, _ in ROW_TYPED:
+        values = per_event.pop(name)
+        present = ~np.ma.getmaskarray(values)
+        full = np.zeros(n, dtype=np.int64)
+        full[owner[present]] = np.ma.getdata(values)[present]
+        ok = np.zeros(n, dtype=bool)
+        ok[owner[present]] = True
+        columns[name], columns[f"{name}__ok"] = full, ok
+    _run_with(con, _INSERT_EVENTS_WITH_STATS, params, events=columns)
+    del columns
+    details: Columns = {"owner": owner}
+    for name, kind in [*DETAIL_TYPED, ("stats", "str")]:
+        values = per_event[name]
+        present = ~np.ma.getmaskarray(values)
+        if kind == "str":
+            text = np.full(len(owner), None, dtype=object)
+            text[present] = np.ma.getdata(values)[present]
+            details[name] = text
+        else:
+            details[name] = np.where(present, np.ma.getdata(values), 0)
+            details[f"{name}__ok"] = present
+    detail_params = {k: v for k, v in params.items() if k != "shift_ps"}
+    _run_with(con, _INSERT_DETAILS, detail_params, details=details)
 
 
 @dataclass
@@ -74,21 +272,10 @@ class RunCounts:
     events: int = 0
 
 
-def _register(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> None:
-    con.register(name, table)
-
-
-def _unregister(con: duckdb.DuckDBPyConnection, name: str) -> None:
-    try:
-        con.unregister(name)
-    except duckdb.Error:
-        pass
-
-
 _DONE = object()
 
 
-def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData, Iterator[pa.Table]]]:
+def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData, Iterator[EventBatch]]]:
     """The reader's planes and batches, decoded in a background thread while DuckDB inserts.
 
     numpy, Arrow and DuckDB release the GIL in their kernels, so decoding the next batch overlaps
@@ -110,7 +297,7 @@ def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData,
         except BaseException as exc:  # handed to the consumer
             items.put(("error", exc))
 
-    def batches() -> Iterator[pa.Table]:
+    def batches() -> Iterator[EventBatch]:
         while True:
             kind, value = items.get()
             if kind == "batch":
@@ -140,60 +327,25 @@ def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData,
         thread.join()
 
 
-def _insert_event_stream(
+def _insert_events(
     con: duckdb.DuckDBPyConnection,
-    batches: Iterator[pa.Table],
+    batches: Iterator[EventBatch],
     params: dict[str, Any],
     on_batch: Callable[[int], None] | None,
 ) -> int:
-    """Insert a plane's event batches with ONE statement reading them as an Arrow stream.
-
-    Why one stream, not one registered table per batch: DuckDB keeps every object registered
-    inside a transaction alive until COMMIT (the dropped view is still visible to the open
-    transaction), so per-batch registration held all of a host's Arrow batches in memory at once
-    (~125 MB for 2M events). A stream is consumed batch by batch and each batch is freed once
-    inserted. Reader errors raised while DuckDB pulls the stream are re-raised unchanged.
-    """
-    first = next(batches, None)
-    if first is None:
-        return 0
-    schema = first.schema
+    """Insert a plane's event batches, one statement per batch; returns the events loaded."""
     loaded = 0
-    failure: list[BaseException] = []
-
-    pending = [first]  # the generator owns the first batch (no other reference keeps it alive)
-    del first
-
-    def stream() -> Iterator[pa.RecordBatch]:
-        nonlocal loaded
-        table: pa.Table | None = pending.pop()
-        try:
-            while table is not None:
-                if table.schema != schema:
-                    table = table.cast(schema)
-                rows = table.num_rows
-                yield from table.combine_chunks().to_batches()
-                table = None
-                loaded += rows
-                if on_batch:
-                    on_batch(rows)
-                table = next(batches, None)
-        except BaseException as exc:  # surfaced by the caller, not as a DuckDB scan error
-            failure.append(exc)
-            raise
-
-    reader = pa.RecordBatchReader.from_batches(schema, stream())
-    _register(con, "stg_events", reader)
-    try:
-        con.execute(_INSERT_EVENTS, params)
-    except BaseException:
-        if failure:
-            raise failure[0] from None
-        raise
-    finally:
-        _unregister(con, "stg_events")
-    if failure:
-        raise failure[0]
+    for batch in batches:
+        rows = batch.num_rows
+        step = {**params, "first_index": loaded}
+        if batch.stats is not None and len(batch.stats):
+            _insert_batch_with_stats(con, batch, step)
+        else:
+            _run_with(con, _INSERT_EVENTS_PLAIN, step, events=batch.columns())
+        del batch
+        loaded += rows
+        if on_batch:
+            on_batch(rows)
     return loaded
 
 
@@ -228,14 +380,10 @@ def _load_host(
                 info.stats,
             ],
         )
-        _register(con, "stg_lines", plane.lines)
-        con.execute(_INSERT_LINES, params)
-        _unregister(con, "stg_lines")
-        _register(con, "stg_metadata", plane.metadata)
-        con.execute(_INSERT_METADATA, params)
-        _unregister(con, "stg_metadata")
+        _run_with(con, _INSERT_LINES, params, lines=plane.lines)
+        _run_with(con, _INSERT_METADATA, params, metadata=plane.metadata)
         event_params = {**params, "shift_ps": shift_ps}
-        loaded = _insert_event_stream(con, batches, event_params, on_batch)
+        loaded = _insert_events(con, batches, event_params, on_batch)
         counts.events += loaded
         if loaded:
             facts["kinds_with_events"].add(info.kind)
@@ -272,23 +420,21 @@ def insert_run(
             con.execute(f"SET threads = {int(threads)}")
         except duckdb.Error:  # transaction aborted by a failed load: keep the original error
             pass
-    hosts = pa.table(
+    con.execute(
+        """INSERT INTO hosts
+           SELECT $run_id, unnest($host), unnest($file_path), unnest($file_bytes),
+                  unnest(CAST($hostnames AS VARCHAR[][])), unnest(CAST($errors AS VARCHAR[][])),
+                  unnest(CAST($warnings AS VARCHAR[][]))""",
         {
+            "run_id": run_id,
             "host": [h.host for h in run.hosts],
             "file_path": [h.file_path for h in run.hosts],
-            "file_bytes": pa.array([h.file_bytes for h in run.hosts], pa.int64()),
-            "hostnames": pa.array([h.hostnames for h in run.hosts], pa.list_(pa.string())),
-            "errors": pa.array([h.errors for h in run.hosts], pa.list_(pa.string())),
-            "warnings": pa.array([h.warnings for h in run.hosts], pa.list_(pa.string())),
-        }
+            "file_bytes": [int(h.file_bytes) for h in run.hosts],
+            "hostnames": [list(h.hostnames) for h in run.hosts],
+            "errors": [list(h.errors) for h in run.hosts],
+            "warnings": [list(h.warnings) for h in run.hosts],
+        },
     )
-    _register(con, "stg_hosts", hosts)
-    con.execute(
-        "INSERT INTO hosts SELECT $run_id, host, file_path, file_bytes, hostnames, errors, warnings "
-        "FROM stg_hosts",
-        {"run_id": run_id},
-    )
-    _unregister(con, "stg_hosts")
     window = con.execute(
         "SELECT min(start_ps), max(start_ps + duration_ps) FROM event_rows WHERE run_id = ?", [run_id]
     ).fetchall()[0]

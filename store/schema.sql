@@ -82,18 +82,33 @@ CREATE TABLE IF NOT EXISTS event_metadata (
     stats           JSON                  -- the metadata's other stats, name -> value
 );
 
--- Storage of the events: one numeric row per trace event. Names and op properties live once per
--- event metadata (event_metadata); the typed columns here hold only values the event itself
--- carries (NULL: take the metadata's). Query the `events` view, not this table.
+-- Storage of the events: one narrow numeric row per trace event. Names and op properties live
+-- once per event metadata (event_metadata); the few values an event carries itself beyond
+-- step_num/group_id live in event_details. Query the `events` view, not these tables.
+-- Narrow on purpose: DuckDB builds a row group uncompressed in memory before writing it, so every
+-- mostly-NULL column here cost ~1 MB of ingest memory per 122,880 events (docs/schema.md).
 CREATE TABLE IF NOT EXISTS event_rows (
     run_id          INTEGER NOT NULL,
     host            VARCHAR NOT NULL,
     plane_index     INTEGER NOT NULL,
     line_index      INTEGER NOT NULL,
+    event_index     BIGINT NOT NULL,      -- position of the event in its plane (key of event_details)
     metadata_id     BIGINT,
     start_ps        BIGINT NOT NULL,
     duration_ps     BIGINT NOT NULL,
     num_occurrences BIGINT,
+    step_num        BIGINT,               -- the event's own step_num / iter_num stat
+    group_id        BIGINT                -- the event's own group_id stat
+);
+
+-- The event's own typed stats other than step_num/group_id, and its other stats as JSON: one row
+-- per event that has any (host threads' annotations, GPU kernels' correlation ids), none for the
+-- millions of device ops whose properties are their metadata's.
+CREATE TABLE IF NOT EXISTS event_details (
+    run_id          INTEGER NOT NULL,
+    host            VARCHAR NOT NULL,
+    plane_index     INTEGER NOT NULL,
+    event_index     BIGINT NOT NULL,
     hlo_category    VARCHAR,
     hlo_module      VARCHAR,
     program_id      UBIGINT,
@@ -102,8 +117,6 @@ CREATE TABLE IF NOT EXISTS event_rows (
     tf_op           VARCHAR,
     shape           VARCHAR,
     source          VARCHAR,
-    step_num        BIGINT,
-    group_id        BIGINT,
     correlation_id  BIGINT,
     stats           JSON
 );
@@ -120,25 +133,27 @@ SELECT r.run_id, r.host, r.plane_index, r.line_index,
        r.start_ps,                        -- relative to runs.t0_ns
        r.duration_ps,
        r.num_occurrences,                 -- aggregated events (XEvent.num_occurrences), else NULL
-       COALESCE(r.hlo_category, m.hlo_category) AS hlo_category,
-       COALESCE(r.hlo_module, m.hlo_module) AS hlo_module,
-       COALESCE(r.program_id, m.program_id) AS program_id,
-       COALESCE(r.flops, m.flops) AS flops,
-       COALESCE(r.bytes_accessed, m.bytes_accessed) AS bytes_accessed,
-       COALESCE(r.tf_op, m.tf_op) AS tf_op,
-       COALESCE(r.shape, m.shape) AS shape,
-       COALESCE(r.source, m.source) AS source,
+       COALESCE(d.hlo_category, m.hlo_category) AS hlo_category,
+       COALESCE(d.hlo_module, m.hlo_module) AS hlo_module,
+       COALESCE(d.program_id, m.program_id) AS program_id,
+       COALESCE(d.flops, m.flops) AS flops,
+       COALESCE(d.bytes_accessed, m.bytes_accessed) AS bytes_accessed,
+       COALESCE(d.tf_op, m.tf_op) AS tf_op,
+       COALESCE(d.shape, m.shape) AS shape,
+       COALESCE(d.source, m.source) AS source,
        COALESCE(r.step_num, m.step_num) AS step_num,
        COALESCE(r.group_id, m.group_id) AS group_id,
-       COALESCE(r.correlation_id, m.correlation_id) AS correlation_id,
-       r.stats,                           -- the event's own other stats (metadata's: event_metadata)
+       COALESCE(d.correlation_id, m.correlation_id) AS correlation_id,
+       d.stats,                           -- the event's own other stats (metadata's: event_metadata)
        r.metadata_id                      -- XEvent.metadata_id (key into event_metadata)
 FROM event_rows r
 JOIN planes p ON p.run_id = r.run_id AND p.host = r.host AND p.plane_index = r.plane_index
 JOIN lines l ON l.run_id = r.run_id AND l.host = r.host AND l.plane_index = r.plane_index
             AND l.line_index = r.line_index
 LEFT JOIN event_metadata m ON m.run_id = r.run_id AND m.host = r.host AND m.plane_index = r.plane_index
-                          AND m.metadata_id = r.metadata_id;
+                          AND m.metadata_id = r.metadata_id
+LEFT JOIN event_details d ON d.run_id = r.run_id AND d.host = r.host AND d.plane_index = r.plane_index
+                         AND d.event_index = r.event_index;
 
 -- Every stat of an event, merged: metadata stats overridden by the event's own (typed ones excluded).
 CREATE VIEW IF NOT EXISTS event_stats AS
