@@ -146,8 +146,8 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
         stdout, stderr = out.read().decode(), err.read().decode()
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {stderr.strip()[-2000:]}")
-    # ru_maxrss is in KiB on Linux
-    return Measured(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, stdout)
+    # ru_maxrss is in KiB on Linux; reported in MB (10^6 bytes), the unit of the file and database sizes
+    return Measured(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024 / 1e6, stdout)
 
 
 def child_json(stdout: str) -> dict:
