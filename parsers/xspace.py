@@ -217,6 +217,7 @@ class _Plane:
     def __init__(self, blob: bytes, where: str, index: int) -> None:
         what = f"plane #{index}"
         self.blob, self.where, self.index = blob, where, index
+        self._buffer = np.frombuffer(blob, dtype=np.uint8)
         self.line_ranges, rest = _split_lines(blob, where, what)
         self.message = _parse_part("XPlane", rest, where, what)
 
@@ -242,42 +243,54 @@ class _Plane:
         start, size = self.line_ranges[line_index]
         pos, end = start, start + size
         what = f"line #{line_index} of plane {self.message.name!r}"
-        starts: list[int] = []
-        ends: list[int] = []
-        count = 0
+        heads: list[int] = []  # where each event's field starts; sizes are decoded with numpy
+        append = heads.append
         event_tag = _EVENT_TAG
-        while pos < end:
-            if data[pos] == event_tag and pos + 1 < end:
-                length = data[pos + 1]
-                if length < 0x80:
-                    first = pos + 2
-                else:
-                    length, first = _varint_at(data, pos + 1, self.where, what)
-                pos = first + length
-                starts.append(first)
-                ends.append(pos)
-                count += 1
-                if count == limit:
-                    yield np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
-                    starts, ends, count = [], [], 0
-                continue
-            tag, pos = _varint_at(data, pos, self.where, what)
-            wire_type = tag & 7
-            if wire_type == 2:
-                length, pos = _varint_at(data, pos, self.where, what)
-                pos += length
-            elif wire_type == 0:
-                pos = _varint_at(data, pos, self.where, what)[1]
-            elif wire_type in (1, 5):
-                pos += 8 if wire_type == 1 else 4
-            else:
-                raise TraceFormatError(
-                    f"corrupt XSpace protobuf in {what} (wire type {wire_type})", self.where
-                )
+        try:
+            while pos < end:
+                if data[pos] == event_tag:
+                    append(pos)
+                    length = data[pos + 1]
+                    if length < 0x80:
+                        pos += 2 + length
+                    else:
+                        length, first = _varint_at(data, pos + 1, self.where, what)
+                        pos = first + length
+                    if len(heads) == limit:
+                        yield self._event_spans(heads, end, what)
+                        heads = []
+                        append = heads.append
+                    continue
+                pos = self._skip_field(data, pos, what)
+        except IndexError:
+            pos = -1
         if pos != end:
             raise TraceFormatError(f"corrupt or truncated XSpace protobuf in {what}", self.where)
-        if count:
-            yield np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+        if heads:
+            yield self._event_spans(heads, end, what)
+
+    def _event_spans(self, heads: list[int], end: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, ends) of the events whose fields start at ``heads`` (tag byte, then length)."""
+        buf = self._buffer
+        at = np.array(heads, dtype=np.int64) + 1
+        try:
+            length, first = wire.varints(buf, at, np.full(len(at), end, dtype=np.int64))
+        except wire.WireError as exc:
+            raise TraceFormatError(f"corrupt XSpace protobuf in {what} ({exc})", self.where) from None
+        return first, first + length.astype(np.int64)
+
+    def _skip_field(self, data: bytes, pos: int, what: str) -> int:
+        """Position after the (non-event) field at ``pos``."""
+        tag, pos = _varint_at(data, pos, self.where, what)
+        wire_type = tag & 7
+        if wire_type == 2:
+            length, pos = _varint_at(data, pos, self.where, what)
+            return pos + length
+        if wire_type == 0:
+            return _varint_at(data, pos, self.where, what)[1]
+        if wire_type in (1, 5):
+            return pos + (8 if wire_type == 1 else 4)
+        raise TraceFormatError(f"corrupt XSpace protobuf in {what} (wire type {wire_type})", self.where)
 
 
 def _read_range(handle: BinaryIO, start: int, size: int, where: str) -> bytes:
