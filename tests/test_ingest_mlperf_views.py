@@ -162,14 +162,9 @@ def test_sql_creates_temp_views_when_the_database_lacks_them(tmp_path: Path) -> 
     assert code == 2 and err.count("\n") == 1 and "attribution views" in err
 
 
-@pytest.mark.parametrize("mode", ["direct", "staged"])
-def test_mlperf_write_failure_rolls_back_the_traces_too(
-    tmp_path: Path, shared_mlperf: Path, mode: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_mlperf_write_failure_rolls_back_the_traces_too(tmp_path: Path, shared_mlperf: Path) -> None:
     """Trace runs and MLPerf folders share one transaction: an MLPerf row refused by the database (a
     CHECK constraint planted on ``mlperf_intervals``) undoes the trace run loaded before it."""
-    from tpuanalyze.store import ingest as ingest_module
-
     db = tmp_path / "strict.duckdb"
     ingest_paths([INPUT_BOUND], db)
     con = duckdb.connect(str(db))
@@ -181,19 +176,16 @@ def test_mlperf_write_failure_rolls_back_the_traces_too(
     )
     con.close()
     before = query(db, "SELECT run_id, source_path FROM runs ORDER BY run_id")
-    if mode == "staged":  # the path large calls take: through a scratch database
-        monkeypatch.setattr(ingest_module, "DIRECT_MAX_EVENTS", 0)
     with pytest.raises(TpuAnalyzeError, match="database unchanged"):
         ingest_paths([JAX_TRAIN, shared_mlperf / RESNET_V07], db)
     assert query(db, "SELECT run_id, source_path FROM runs ORDER BY run_id") == before
     assert query(db, "SELECT count(*) FROM mlperf_results") == [(0,)]
-    assert not list(tmp_path.glob("*staging*"))
 
-    if mode == "staged":  # and without the planted constraint the staged path loads both kinds
-        con = duckdb.connect(str(db))
-        con.execute("DROP TABLE mlperf_intervals")
-        con.close()
-        summary = ingest_paths([JAX_TRAIN, shared_mlperf / RESNET_V07], db)
-        assert summary.runs == 2 and summary.mlperf_runs == 1 and summary.events > 0
-        formats = dict(query(db, "SELECT source_format, count(*) FROM runs GROUP BY ALL"))
-        assert formats == {"xspace": 2, "mlperf": 1}
+    # and without the planted constraint the same call loads both kinds
+    con = duckdb.connect(str(db))
+    con.execute("DROP TABLE mlperf_intervals")
+    con.close()
+    summary = ingest_paths([JAX_TRAIN, shared_mlperf / RESNET_V07], db)
+    assert summary.runs == 2 and summary.mlperf_runs == 1 and summary.events > 0
+    formats = dict(query(db, "SELECT source_format, count(*) FROM runs GROUP BY ALL"))
+    assert formats == {"xspace": 2, "mlperf": 1}

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tpuanalyze.parsers import wire
-from tpuanalyze.store import ingest as ingest_module
 from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze.proto import xplane_pb2
@@ -219,10 +218,7 @@ def test_modules_steps_aggregates_and_refs(db: duckdb.DuckDBPyConnection) -> Non
     assert host_event[0][0] == "device_ordinal" and json.loads(host_event[0][1]) == {"device_ordinal": 1}
 
 
-@pytest.mark.parametrize("mode", ["direct", "staged"])
-def test_reingest_replaces_the_run(tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if mode == "staged":
-        monkeypatch.setattr(ingest_module, "DIRECT_MAX_EVENTS", 0)
+def test_reingest_replaces_the_run(tmp_path: Path) -> None:
     path = tmp_path / "h.xplane.pb"
     path.write_bytes(build_space().SerializeToString())
     db = tmp_path / "db.duckdb"
