@@ -37,6 +37,9 @@ from tpuanalyze.parsers.staging import (
     EventBatch,
     HostReader,
     PlaneData,
+    PlaneInfo,
+    nullable_columns,
+    text_column,
 )
 
 
@@ -61,63 +64,25 @@ FROM stg_events
 """
 
 
-def _stats_sql() -> str:
-    """Per event of a batch (``owner``), from its stats' long table: typed columns and the JSON text
-    of the rest.
-
-    A stat feeds its typed column when its value fits the column's kind (a string column takes
-    text and integers; numeric columns take numbers); the last such stat of an event wins, and
-    where two names feed one column (step_num, iter_num) the first listed wins. Every other stat
-    goes to the ``stats`` JSON object, in trace order. Work and memory scale with the stats, not
-    the batch: the result is scattered onto the events with numpy (a join + sort over the whole
-    batch here cost ~20 MB of peak memory per statement).
-    """
-    value_of = {
-        "str": f"CASE kind WHEN {STAT_TEXT} THEN text WHEN {STAT_INT} THEN CAST(i64 AS VARCHAR) "
-        f"WHEN {STAT_UINT} THEN CAST(u64 AS VARCHAR) END",
-        "int": f"CASE kind WHEN {STAT_INT} THEN i64 WHEN {STAT_UINT} THEN TRY_CAST(u64 AS BIGINT) "
-        f"WHEN {STAT_DOUBLE} THEN TRY_CAST(f64 AS BIGINT) END",
-        # a negative int64 stat in a uint64 column is its two's complement, as protobuf writes it
-        "uint": f"CASE kind WHEN {STAT_UINT} THEN u64 WHEN {STAT_INT} THEN CAST(CASE WHEN i64 < 0 "
-        f"THEN CAST(i64 AS HUGEINT) + 18446744073709551616 ELSE i64 END AS UBIGINT) "
-        f"WHEN {STAT_DOUBLE} THEN TRY_CAST(f64 AS UBIGINT) END",
-        "double": f"CASE kind WHEN {STAT_DOUBLE} THEN f64 WHEN {STAT_INT} THEN CAST(i64 AS DOUBLE) "
-        f"WHEN {STAT_UINT} THEN CAST(u64 AS DOUBLE) END",
-    }
-    fits = " ".join(
-        f"WHEN '{stat}' THEN v_{kind} IS NOT NULL" for stat, (_, kind) in TYPED_STATS.items()
-    )
-    per_column = []
-    for column, kind in TYPED_COLUMNS:
-        stats = [stat for stat, (target, _) in TYPED_STATS.items() if target == column]
-        picks = [f"arg_max(v_{kind}, seq) FILTER (WHERE key = '{stat}' AND typed)" for stat in stats]
-        per_column.append(
-            (picks[0] if len(picks) == 1 else f"coalesce({', '.join(picks)})") + f" AS {column}"
-        )
+def _stats_json_sql() -> str:
+    """Per event (``owner``) of a batch: the JSON object of its stats that are not typed columns,
+    in trace order (values as JSON: numbers, strings escaped by to_json, ``STAT_JSON`` text as is)."""
     value_json = (
         f"CASE kind WHEN {STAT_INT} THEN CAST(to_json(i64) AS VARCHAR) "
         f"WHEN {STAT_UINT} THEN CAST(to_json(u64) AS VARCHAR) "
         f"WHEN {STAT_DOUBLE} THEN CAST(to_json(f64) AS VARCHAR) "
-        f"WHEN {STAT_TEXT} THEN CAST(to_json(text) AS VARCHAR) "
-        f"WHEN {STAT_JSON} THEN text ELSE 'null' END"
+        f"WHEN {STAT_TEXT} THEN CAST(to_json(CAST(text AS VARCHAR)) AS VARCHAR) "
+        f"WHEN {STAT_JSON} THEN CAST(text AS VARCHAR) ELSE 'null' END"
     )
     return f"""
-WITH stat_values AS (
-    SELECT owner, seq, CAST(key AS VARCHAR) AS key, kind, i64, u64, f64, CAST(text AS VARCHAR) AS text,
-           {value_of["str"]} AS v_str, {value_of["int"]} AS v_int,
-           {value_of["uint"]} AS v_uint, {value_of["double"]} AS v_double
-    FROM stg_stats
-), typed_values AS (
-    SELECT *, coalesce(CASE key {fits} END, false) AS typed FROM stat_values
-)
-SELECT owner, {", ".join(per_column)},
-       '{{' || string_agg(CAST(to_json(key) AS VARCHAR) || ':' || {value_json}, ',' ORDER BY seq)
-               FILTER (WHERE NOT typed) || '}}' AS stats
-FROM typed_values GROUP BY owner
+SELECT owner,
+       '{{' || string_agg(CAST(to_json(CAST(key AS VARCHAR)) AS VARCHAR) || ':' || {value_json}, ','
+                          ORDER BY seq) || '}}' AS stats
+FROM stg_stats GROUP BY owner
 """
 
 
-_EVENT_STATS = _stats_sql()
+_EVENT_STATS_JSON = _stats_json_sql()
 _INSERT_EVENTS_WITH_STATS = f"""
 INSERT INTO event_rows (run_id, host, plane_index, line_index, event_index, metadata_id, start_ps,
                         duration_ps, num_occurrences, {", ".join(c for c, _ in ROW_TYPED)})
@@ -139,22 +104,35 @@ WHERE {" OR ".join(f"{c} IS NOT NULL" for c, _ in DETAIL_TYPED)} OR stats IS NOT
 """
 _INSERT_METADATA = f"""
 INSERT INTO event_metadata (run_id, host, plane_index, metadata_id, name, display_name, {_TYPED}, stats)
-SELECT $run_id, $host, $plane_index, metadata_id, CAST(name AS VARCHAR), CAST(display_name AS VARCHAR),
+SELECT $run_id, $host, plane_index, metadata_id, CAST(name AS VARCHAR), CAST(display_name AS VARCHAR),
        {", ".join(_value(c, k) for c, k in TYPED_COLUMNS)}, CAST(CAST(stats AS VARCHAR) AS JSON)
 FROM stg_metadata
 """
 _INSERT_LINES = f"""
 INSERT INTO lines (run_id, host, plane_index, line_index, line_id, display_id, name, display_name,
                    timestamp_ns, duration_ps, num_events)
-SELECT $run_id, $host, $plane_index, {_value("line_index", "int")}, {_value("line_id", "int")},
+SELECT $run_id, $host, plane_index, {_value("line_index", "int")}, {_value("line_id", "int")},
        {_value("display_id", "int")}, CAST(name AS VARCHAR), CAST(display_name AS VARCHAR),
        {_value("timestamp_ns", "int")}, {_value("duration_ps", "int")}, {_value("num_events", "int")}
 FROM stg_lines
 """
-_INSERT_PLANE = """
-INSERT INTO planes (run_id, host, plane_index, plane_id, name, kind, device_ordinal, device_type,
-                    peak_tflops, peak_hbm_bw_gbps, num_lines, num_events, stats)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+_PLANE_COLUMNS = [
+    ("plane_id", "int"),
+    ("name", "str"),
+    ("kind", "str"),
+    ("device_ordinal", "int"),
+    ("device_type", "str"),
+    ("peak_tflops", "double"),
+    ("peak_hbm_bw_gbps", "double"),
+    ("num_lines", "int"),
+    ("num_events", "int"),
+    ("stats", "str"),
+]
+_INSERT_PLANES = f"""
+INSERT INTO planes (run_id, host, plane_index, {", ".join(c for c, _ in _PLANE_COLUMNS)})
+SELECT $run_id, $host, plane_index, {", ".join(_value(c, k) for c, k in _PLANE_COLUMNS[:-1])},
+       CAST(CAST(stats AS VARCHAR) AS JSON)
+FROM stg_planes
 """
 assert set(SQL_TYPE) >= {k for _, k in TYPED_COLUMNS}
 
@@ -168,6 +146,7 @@ def _run_with(
     lines: Columns | None = None,
     metadata: Columns | None = None,
     details: Any = None,
+    planes: Any = None,
 ) -> duckdb.DuckDBPyConnection:
     """Run ``sql`` with the given numpy tables visible to it as stg_events / stg_stats / ... .
 
@@ -175,25 +154,26 @@ def _run_with(
     arrays (a replacement scan); the arrays are released when the statement is done.
     """
     stg_events, stg_stats, stg_lines, stg_metadata = events, stats, lines, metadata  # noqa: F841
-    stg_details = details  # noqa: F841
+    stg_details, stg_planes = details, planes  # noqa: F841
     return con.execute(sql, params)
 
 
-# Stat rows aggregated per statement: the ordered string_agg buffers its input, and a batch of
-# Kineto events (~8 args each) ran DuckDB's small load buffer out of memory in one piece.
+# Stat rows per JSON statement: the ordered string_agg buffers its input, and a batch of Kineto
+# events (~8 args each) ran DuckDB's small load buffer out of memory in one piece.
 STATS_PIECE_ROWS = 8_192
+_INT64_LIMIT = 2.0**63
+_UINT64_LIMIT = 2.0**64
 
 
-def _per_event_stats(con: duckdb.DuckDBPyConnection, stats: Columns) -> dict[str, np.ndarray]:
-    """``_EVENT_STATS`` over the long stats table, in pieces of whole events (<= STATS_PIECE_ROWS
-    stat rows, or one event's), so its memory is bounded whatever the events carry."""
+def _stats_json(con: duckdb.DuckDBPyConnection, stats: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """(owners, JSON text) from ``_EVENT_STATS_JSON``, run in pieces of whole events (<=
+    STATS_PIECE_ROWS stat rows, or one event's), so its memory is bounded whatever the events carry."""
     owner = stats["owner"]
-    if len(owner) <= STATS_PIECE_ROWS:
-        return _run_with(con, _EVENT_STATS, {}, stats=stats).fetchnumpy()
-    order = np.argsort(owner, kind="stable")  # seq (wire order) is kept within an event
+    order = np.argsort(owner, kind="stable")  # seq (trace order) is kept within an event
     stats = {name: values[order] for name, values in stats.items()}
     owner = stats["owner"]
-    results = []
+    owners: list[np.ndarray] = []
+    texts: list[np.ndarray] = []
     start, n = 0, len(owner)
     while start < n:
         end = min(start + STATS_PIECE_ROWS, n)
@@ -202,9 +182,83 @@ def _per_event_stats(con: duckdb.DuckDBPyConnection, stats: Columns) -> dict[str
             if end <= start:  # one event with more stats than a piece
                 end = int(np.searchsorted(owner, owner[start], side="right"))
         piece = {name: values[start:end] for name, values in stats.items()}
-        results.append(_run_with(con, _EVENT_STATS, {}, stats=piece).fetchnumpy())
+        result = _run_with(con, _EVENT_STATS_JSON, {}, stats=piece).fetchnumpy()
+        owners.append(np.asarray(result["owner"]))
+        texts.append(np.asarray(np.ma.getdata(result["stats"]), dtype=object))
         start = end
-    return {name: np.ma.concatenate([r[name] for r in results]) for name in results[0]}
+    return np.concatenate(owners), np.concatenate(texts)
+
+
+def _converted(target: str, stats: Columns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The values of stat rows ``rows`` as a typed column of kind ``target``, and which fit.
+
+    SQL's cast rules: a string column takes text and integers (as decimal text); integer columns
+    take integers in range and doubles rounded half to even (DuckDB's TRY_CAST); a negative
+    int64 in a uint64 column is its two's complement, as protobuf writes it; a double column takes
+    any number. Anything else does not fit (and stays in the stats JSON)."""
+    kind = stats["kind"][rows]
+    i64, u64, f64 = stats["i64"][rows], stats["u64"][rows], stats["f64"][rows]
+    is_int, is_uint, is_double = kind == STAT_INT, kind == STAT_UINT, kind == STAT_DOUBLE
+    if target == "str":
+        values = np.array(stats["text"][rows], dtype=object)
+        for mask, numbers in ((is_int, i64), (is_uint, u64)):
+            where = np.flatnonzero(mask)
+            if len(where):
+                values[where] = [str(v) for v in numbers[where].tolist()]
+        return values, (kind == STAT_TEXT) | is_int | is_uint
+    if target == "double":
+        values = np.where(is_double, f64, np.where(is_int, i64.astype(np.float64), u64.astype(np.float64)))
+        return values, is_int | is_uint | is_double
+    rounded = np.rint(np.where(is_double, f64, 0.0))
+    if target == "int":
+        double_fits = is_double & (rounded >= -_INT64_LIMIT) & (rounded < _INT64_LIMIT)
+        values = np.where(is_int, i64, 0)
+        values = np.where(is_uint, u64.astype(np.int64), values)
+        values = np.where(double_fits, np.where(double_fits, rounded, 0).astype(np.int64), values)
+        return values, is_int | (is_uint & (u64 < np.uint64(2**63))) | double_fits
+    double_fits = is_double & (rounded >= 0) & (rounded < _UINT64_LIMIT)
+    values = np.where(is_uint, u64, i64.view(np.uint64))
+    values = np.where(double_fits, np.where(double_fits, rounded, 0).astype(np.uint64), values)
+    return values, is_int | is_uint | double_fits
+
+
+def _typed_columns(stats: Columns, n: int) -> tuple[Columns, np.ndarray]:
+    """Each typed column of the batch's events from their stat rows (numpy), and the mask of stat
+    rows that fed no typed column (they go to the stats JSON).
+
+    A stat feeds its column when its value fits (``_converted``); the last such stat of a name
+    wins, and where two names feed one column (step_num, iter_num) the first listed wins. Every
+    fitting stat of a typed name is kept out of the JSON, as its value is in the column.
+    """
+    keys, owner = stats["key"], stats["owner"]
+    names, codes = np.unique(keys, return_inverse=True)
+    codes = codes.reshape(-1)
+    code_of = {str(name): i for i, name in enumerate(names.tolist())}
+    typed_rows = np.zeros(len(keys), dtype=bool)
+    columns: Columns = {}
+    for column, kind in TYPED_COLUMNS:
+        stat_names = [stat for stat, (target, _) in TYPED_STATS.items() if target == column]
+        if kind == "str":
+            full = np.full(n, None, dtype=object)
+        else:
+            full = np.zeros(n, dtype={"double": np.float64, "uint": np.uint64, "int": np.int64}[kind])
+        ok = np.zeros(n, dtype=bool)
+        for stat in reversed(stat_names):  # lower precedence first: the first listed overwrites
+            if stat not in code_of:
+                continue
+            rows = np.flatnonzero(codes == code_of[stat])
+            values, fits = _converted(kind, stats, rows)
+            rows, values = rows[fits], values[fits]
+            if not len(rows):
+                continue
+            typed_rows[rows] = True
+            backwards = np.arange(len(rows) - 1, -1, -1)
+            last = backwards[np.unique(owner[rows][backwards], return_index=True)[1]]  # last per event
+            full[owner[rows[last]]] = values[last]
+            ok[owner[rows[last]]] = True
+        columns[column] = full
+        columns[f"{column}__ok"] = ok
+    return columns, ~typed_rows
 
 
 def _insert_batch_with_stats(
@@ -212,35 +266,35 @@ def _insert_batch_with_stats(
 ) -> None:
     """An event batch with stats: its rows (with step_num/group_id) and its event_details rows.
 
-    The stats are aggregated per event once (``_EVENT_STATS``); step_num and group_id are
-    scattered onto the batch's rows with numpy, the other values go to event_details as they are.
+    Typed columns come from numpy (``_typed_columns``); only the JSON of the other stats is built
+    in SQL, and only when there are such stats. (One SQL aggregate doing both cost ~10 ms of
+    planning per batch: ingesting 256 small generated hosts took 1.7x longer.)
     """
     assert batch.stats is not None
     n = batch.num_rows
     columns = batch.columns()
-    per_event = _per_event_stats(con, batch.stats.columns())
-    owner = np.asarray(per_event["owner"])
-    for name, _ in ROW_TYPED:
-        values = per_event.pop(name)
-        present = ~np.ma.getmaskarray(values)
-        full = np.zeros(n, dtype=np.int64)
-        full[owner[present]] = np.ma.getdata(values)[present]
-        ok = np.zeros(n, dtype=bool)
-        ok[owner[present]] = True
-        columns[name], columns[f"{name}__ok"] = full, ok
+    stats = batch.stats.columns()
+    typed, untyped = _typed_columns(stats, n)
+    for column, _ in ROW_TYPED:
+        columns[column], columns[f"{column}__ok"] = typed[column], typed[f"{column}__ok"]
     _run_with(con, _INSERT_EVENTS_WITH_STATS, params, events=columns)
     del columns
-    details: Columns = {"owner": owner}
-    for name, kind in [*DETAIL_TYPED, ("stats", "str")]:
-        values = per_event[name]
-        present = ~np.ma.getmaskarray(values)
-        if kind == "str":
-            text = np.full(len(owner), None, dtype=object)
-            text[present] = np.ma.getdata(values)[present]
-            details[name] = text
-        else:
-            details[name] = np.where(present, np.ma.getdata(values), 0)
-            details[f"{name}__ok"] = present
+    json_text = np.full(n, None, dtype=object)
+    if untyped.any():
+        owners, texts = _stats_json(con, {name: values[untyped] for name, values in stats.items()})
+        json_text[owners] = texts
+    del stats
+    has_details = json_text != None  # noqa: E711 (elementwise on an object array)
+    for column, _ in DETAIL_TYPED:
+        has_details |= typed[f"{column}__ok"]
+    rows = np.flatnonzero(has_details)
+    if not len(rows):
+        return
+    details: Columns = {"owner": rows.astype(np.int64), "stats": json_text[rows]}
+    for column, kind in DETAIL_TYPED:
+        details[column] = typed[column][rows]
+        if kind != "str":
+            details[f"{column}__ok"] = typed[f"{column}__ok"][rows]
     detail_params = {k: v for k, v in params.items() if k != "shift_ps"}
     _run_with(con, _INSERT_DETAILS, detail_params, details=details)
 
@@ -349,6 +403,54 @@ def _insert_events(
     return loaded
 
 
+class _PlaneTables:
+    """A host's planes, lines and event metadata, inserted a few planes at a time.
+
+    Why: each INSERT costs ~3 ms however small, and three per plane were 30% of loading 256
+    generated hosts (11 planes each). Buffered up to ``FLUSH_ROWS`` rows, so a host with huge
+    metadata tables still holds little.
+    """
+
+    FLUSH_ROWS = 4096
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: int, host: str) -> None:
+        self.con, self.params = con, {"run_id": run_id, "host": host}
+        self.planes: list[PlaneInfo] = []
+        self.lines: list[Columns] = []
+        self.metadata: list[Columns] = []
+        self.rows = 0
+
+    def add(self, plane: PlaneData) -> None:
+        index = plane.info.plane_index
+        self.planes.append(plane.info)
+        for parts, columns in ((self.lines, plane.lines), (self.metadata, plane.metadata)):
+            rows = len(next(iter(columns.values())))
+            parts.append({**columns, "plane_index": np.full(rows, index, dtype=np.int32)})
+            self.rows += rows
+        if self.rows >= self.FLUSH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.planes:
+            return
+        infos = self.planes
+        planes: Columns = {"plane_index": np.array([i.plane_index for i in infos], dtype=np.int32)}
+        for column, kind in _PLANE_COLUMNS:
+            values = [getattr(info, column) for info in infos]
+            if kind == "str":
+                planes[column] = text_column(values)
+            else:
+                planes.update(nullable_columns(column, values, kind))
+        _run_with(self.con, _INSERT_PLANES, self.params, planes=planes)
+        _run_with(self.con, _INSERT_LINES, self.params, lines=_concat(self.lines))
+        _run_with(self.con, _INSERT_METADATA, self.params, metadata=_concat(self.metadata))
+        self.planes, self.lines, self.metadata, self.rows = [], [], [], 0
+
+
+def _concat(parts: list[Columns]) -> Columns:
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
 def _load_host(
     con: duckdb.DuckDBPyConnection,
     run_id: int,
@@ -359,29 +461,11 @@ def _load_host(
     on_batch: Callable[[int], None] | None,
 ) -> None:
     shift_ps = ((reader.t0_ns or 0) - (run_t0_ns or 0)) * 1000
+    tables = _PlaneTables(con, run_id, reader.host)
     for plane, batches in _prefetched(reader):
         info = plane.info
         params = {"run_id": run_id, "host": reader.host, "plane_index": info.plane_index}
-        con.execute(
-            _INSERT_PLANE,
-            [
-                run_id,
-                reader.host,
-                info.plane_index,
-                info.plane_id,
-                info.name,
-                info.kind,
-                info.device_ordinal,
-                info.device_type,
-                info.peak_tflops,
-                info.peak_hbm_bw_gbps,
-                info.num_lines,
-                info.num_events,
-                info.stats,
-            ],
-        )
-        _run_with(con, _INSERT_LINES, params, lines=plane.lines)
-        _run_with(con, _INSERT_METADATA, params, metadata=plane.metadata)
+        tables.add(plane)
         event_params = {**params, "shift_ps": shift_ps}
         loaded = _insert_events(con, batches, event_params, on_batch)
         counts.events += loaded
@@ -392,6 +476,7 @@ def _load_host(
             facts["devices"] += 1
             if info.device_type and not facts["device_type"]:
                 facts["device_type"] = info.device_type
+    tables.flush()
 
 
 def insert_run(
