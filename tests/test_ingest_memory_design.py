@@ -1,6 +1,6 @@
 """What keeps ingest memory small stays true: no Arrow/pandas imported to ingest XSpace, a load that
-runs out of DuckDB's small buffer is redone (not failed), event stats survive the narrow storage,
-and a database in the older storage layout is refused with one line."""
+runs out of DuckDB's small buffer is redone (not failed), event stats survive the narrow storage
+(typed in numpy by SQL's cast rules), and a database in the older storage layout is refused."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import sys
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 from conftest import SAMPLE_TRACES
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tpuanalyze.store import ingest as ingest_module
 from tpuanalyze.store.ingest import ingest_paths
 
@@ -113,3 +116,50 @@ def test_database_in_the_older_storage_layout_is_refused(tmp_path: Path) -> None
     con.close()
     with pytest.raises(TpuAnalyzeError, match="older tpuanalyze .event_rows has no event_index"):
         ingest_paths([CAPTURE], db)
+
+
+EDGE_DOUBLES = [0.5, 1.5, 2.5, -0.5, -2.5, -0.4, 2.0**63, -(2.0**63), 2.0**64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(-(2**63), 2**63 - 1).map(lambda v: ("int", v)),
+            st.integers(0, 2**64 - 1).map(lambda v: ("uint", v)),
+            st.floats(allow_nan=False, allow_infinity=False, width=64).map(lambda v: ("double", v)),
+            st.sampled_from(EDGE_DOUBLES).map(lambda v: ("double", v)),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_typed_stat_conversion_matches_duckdb_casts(values: list[tuple[str, object]]) -> None:
+    """The numpy conversion of stat values into typed columns gives what SQL's casts give."""
+    from tpuanalyze.parsers.staging import STAT_DOUBLE, STAT_INT, STAT_UINT
+    from tpuanalyze.store.load import _converted
+
+    kinds = {"int": STAT_INT, "uint": STAT_UINT, "double": STAT_DOUBLE}
+    n = len(values)
+    stats = {
+        "kind": np.array([kinds[k] for k, _ in values], dtype=np.int8),
+        "i64": np.array([v if k == "int" else 0 for k, v in values], dtype=np.int64),
+        "u64": np.array([v if k == "uint" else 0 for k, v in values], dtype=np.uint64),
+        "f64": np.array([v if k == "double" else 0.0 for k, v in values], dtype=np.float64),
+        "text": np.full(n, None, dtype=object),
+    }
+    con = duckdb.connect()
+    sql_type = {"int": "BIGINT", "uint": "UBIGINT", "double": "DOUBLE", "str": "VARCHAR"}
+    for target in ("int", "uint", "double", "str"):
+        got, fits = _converted(target, stats, np.arange(n))
+        for i, (kind, value) in enumerate(values):
+            source = {"int": "BIGINT", "uint": "UBIGINT", "double": "DOUBLE"}[kind]
+            if target == "str" and kind == "double":
+                expected = None  # a string column takes text and integers only
+            elif target == "uint" and kind == "int":
+                expected = value & (2**64 - 1)  # two's complement, as protobuf writes it
+            else:
+                expected = con.execute(
+                    f"SELECT TRY_CAST(CAST(? AS {source}) AS {sql_type[target]})", [value]
+                ).fetchone()[0]
+            assert (got[i] if fits[i] else None) == expected, (target, kind, value)
