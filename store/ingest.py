@@ -182,13 +182,14 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
 
 # DuckDB's buffer pool while loading one transaction. Small on purpose: row groups already
 # written to the file stay cached up to this limit and count in our peak memory. Measured on the
-# 2M-event benchmark file: peak RSS 180 MB at 256MB, 149 at 32MB, 133 at 20MB, same speed.
-# What a load must pin is the row group being built per table (~13 MB for all our tables
-# together): 16MB ran out on the shared traces ingested in one call. Chrome-trace JSON is held
-# whole in memory by its reader anyway and its events carry many args (wide event_details rows),
-# so it loads with JSON_MEMORY_LIMIT. Should a load still run out, it is rolled back and redone
-# once with RETRY_MEMORY_LIMIT (a note says so).
-LOAD_MEMORY_LIMIT = "20MB"
+# 2M-event benchmark file: peak RSS 180 MiB at 256MB, 149 at 32MB, 126 at 20MB, 122 at 16MB, same
+# speed. What a load must pin is the row group being built per table: with planes, lines and
+# metadata appended three statements per plane, 16MB ran out on the shared traces ingested in one
+# call; batched per host it does not (nor on 256 generated hosts or 16M events). Chrome-trace JSON
+# is held whole in memory by its reader anyway and its events carry many args (wide event_details
+# rows), so it loads with JSON_MEMORY_LIMIT. Should a load still run out, it is rolled back and
+# redone once with RETRY_MEMORY_LIMIT (a note says so).
+LOAD_MEMORY_LIMIT = "16MB"
 JSON_MEMORY_LIMIT = "256MB"
 RETRY_MEMORY_LIMIT = "1GB"
 
@@ -208,7 +209,7 @@ def _store(
 
     DuckDB writes a big transaction's full row groups to the file as they fill and only the row
     group being built stays in memory, so with the narrow ``event_rows`` and a small buffer memory
-    is flat in the number of events (2M events: 127 MiB peak, 8M: 127, 16M: 135). This replaced
+    is flat in the number of events (2M events: 122 MiB peak, 16M: 135). This replaced
     staging through a scratch database above 4M events (8M events: 349 MiB and 1.5x the time).
     """
     plans = make_plans()
