@@ -6,7 +6,8 @@ found; MLPerf logs are parsed whole. Then one transaction replaces runs that cam
 source paths and streams the new ones in, plane by plane, in numpy batches, then writes the MLPerf
 result folders; any error there rolls the whole call back. After the commit the analyzer's
 attribution views are (re)created, so findings' evidence SQL runs on the database.
-Parsed files are kept between the passes while they fit ``KEEP_BYTES``, else re-read.
+Validated XSpace readers are kept between the passes (they hold byte ranges, not events); parsed
+Chrome-trace files while they fit ``KEEP_BYTES``, else re-read.
 """
 
 from __future__ import annotations
@@ -132,7 +133,9 @@ def _validate_runs(sources: list[RunSource], bar: _Progress) -> list[list[_HostS
     slots: list[list[_HostSlot]] = [[] for _ in sources]
     index = {id(s): i for i, s in enumerate(sources)}
     for source, host, path in files:
-        size = path.stat().st_size if path.exists() else 0
+        # An XSpace reader keeps only plane byte ranges and line rows (kilobytes): always kept.
+        # A Chrome-trace reader holds every event: kept while they fit KEEP_BYTES.
+        size = path.stat().st_size if path.exists() and source.source_format != "xspace" else 0
         keep = kept + size <= KEEP_BYTES
         kept += size if keep else 0
         slots[index[id(source)]].append(_HostSlot(source.source_format, path, host, keep))
