@@ -16,7 +16,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -53,7 +53,6 @@ TYPED_COLUMNS: list[tuple[str, str]] = [
     ("group_id", "int"),
     ("correlation_id", "int"),
 ]
-SQL_TYPE = {"str": "VARCHAR", "uint": "UBIGINT", "double": "DOUBLE", "int": "BIGINT"}
 _NUMPY_OF = {"uint": np.uint64, "double": np.float64, "int": np.int64}
 
 # A table handed to the loader: column name -> numpy array. Strings are object arrays (str or
@@ -300,14 +299,3 @@ def metadata_table(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> C
         else:
             columns.update(nullable_columns(column, values[column], kind))
     return columns
-
-
-@dataclass
-class HostSummary:
-    """Counts a reader reports after streaming (for runs/hosts rows)."""
-
-    planes: int = 0
-    events: int = 0
-    devices: int = 0
-    device_type: str | None = None
-    kinds: set[str] = field(default_factory=set)

@@ -101,7 +101,7 @@ def _parse_part(kind: str, data: bytes, path: str, where: str) -> Any:
     return message
 
 
-_XPLANE_LINES = xplane_pb2.XPlane.DESCRIPTOR.fields_by_name["lines"].number
+_LINES_TAG = (xplane_pb2.XPlane.DESCRIPTOR.fields_by_name["lines"].number << 3) | 2
 _EVENT_TAG = (xplane_pb2.XLine.DESCRIPTOR.fields_by_name["events"].number << 3) | 2  # one byte
 _TRUNCATED = "corrupt or truncated XSpace protobuf in the file (truncated field)"
 
@@ -173,6 +173,26 @@ def _varint_at(data: bytes, pos: int, where: str, what: str) -> tuple[int, int]:
         shift += 7
 
 
+def _next_field(data: bytes, pos: int, end: int, where: str, what: str) -> tuple[int, int, int]:
+    """The field at ``data[pos]``: (tag, where its payload starts, where the next field starts)."""
+    tag, pos = _varint_at(data, pos, where, what)
+    wire_type = tag & 7
+    if wire_type == 2:
+        size, start = _varint_at(data, pos, where, what)
+        after = start + size
+    elif wire_type == 0:
+        start, after = pos, _varint_at(data, pos, where, what)[1]
+    elif wire_type in (1, 5):
+        start, after = pos, pos + (8 if wire_type == 1 else 4)
+    else:
+        raise TraceFormatError(
+            f"corrupt or truncated XSpace protobuf in {what} (wire type {wire_type})", where
+        )
+    if after > end:
+        raise TraceFormatError(f"corrupt or truncated XSpace protobuf in {what} (truncated field)", where)
+    return tag, start, after
+
+
 def _split_lines(data: bytes, where: str, what: str) -> tuple[list[tuple[int, int]], bytes]:
     """An XPlane's bytes -> (offset, size) of each ``lines`` field, and the other fields' bytes.
 
@@ -182,32 +202,14 @@ def _split_lines(data: bytes, where: str, what: str) -> tuple[list[tuple[int, in
     """
     ranges: list[tuple[int, int]] = []
     rest: list[bytes] = []
-    truncated = f"corrupt or truncated XSpace protobuf in {what} (truncated field)"
     pos, end = 0, len(data)
     while pos < end:
-        field_start = pos
-        tag, pos = _varint_at(data, pos, where, what)
-        wire_type = tag & 7
-        if wire_type == 2:
-            size, pos = _varint_at(data, pos, where, what)
-            if pos + size > end:
-                raise TraceFormatError(truncated, where)
-            if tag >> 3 == _XPLANE_LINES:
-                ranges.append((pos, size))
-                pos += size
-                continue
-            pos += size
-        elif wire_type == 0:
-            _, pos = _varint_at(data, pos, where, what)
-        elif wire_type in (1, 5):
-            pos += 8 if wire_type == 1 else 4
-            if pos > end:
-                raise TraceFormatError(truncated, where)
+        tag, start, after = _next_field(data, pos, end, where, what)
+        if tag == _LINES_TAG:
+            ranges.append((start, after - start))
         else:
-            raise TraceFormatError(
-                f"corrupt or truncated XSpace protobuf in {what} (wire type {wire_type})", where
-            )
-        rest.append(data[field_start:pos])
+            rest.append(data[pos:after])
+        pos = after
     return ranges, b"".join(rest)
 
 
@@ -217,7 +219,7 @@ class _Plane:
     def __init__(self, blob: bytes, where: str, index: int) -> None:
         what = f"plane #{index}"
         self.blob, self.where, self.index = blob, where, index
-        self._buffer = np.frombuffer(blob, dtype=np.uint8)
+        self.buffer = np.frombuffer(blob, dtype=np.uint8)  # the blob, for numpy decoding
         self.line_ranges, rest = _split_lines(blob, where, what)
         self.message = _parse_part("XPlane", rest, where, what)
 
@@ -261,7 +263,7 @@ class _Plane:
                         heads = []
                         append = heads.append
                     continue
-                pos = self._skip_field(data, pos, what)
+                pos = _next_field(data, pos, end, self.where, what)[2]
         except IndexError:
             pos = -1
         if pos != end:
@@ -271,26 +273,13 @@ class _Plane:
 
     def _event_spans(self, heads: list[int], end: int, what: str) -> tuple[np.ndarray, np.ndarray]:
         """(starts, ends) of the events whose fields start at ``heads`` (tag byte, then length)."""
-        buf = self._buffer
+        buf = self.buffer
         at = np.array(heads, dtype=np.int64) + 1
         try:
             length, first = wire.varints(buf, at, np.full(len(at), end, dtype=np.int64))
         except wire.WireError as exc:
             raise TraceFormatError(f"corrupt XSpace protobuf in {what} ({exc})", self.where) from None
         return first, first + length.astype(np.int64)
-
-    def _skip_field(self, data: bytes, pos: int, what: str) -> int:
-        """Position after the (non-event) field at ``pos``."""
-        tag, pos = _varint_at(data, pos, self.where, what)
-        wire_type = tag & 7
-        if wire_type == 2:
-            length, pos = _varint_at(data, pos, self.where, what)
-            return pos + length
-        if wire_type == 0:
-            return _varint_at(data, pos, self.where, what)[1]
-        if wire_type in (1, 5):
-            return pos + (8 if wire_type == 1 else 4)
-        raise TraceFormatError(f"corrupt XSpace protobuf in {what} (wire type {wire_type})", self.where)
 
 
 def _read_range(handle: BinaryIO, start: int, size: int, where: str) -> bytes:
@@ -523,7 +512,7 @@ class XSpaceReader:
             raise TraceFormatError("file changed while being ingested", self.file_path)
         lines = empty_lines()
         module_ids: set[int] = set()
-        buf = np.frombuffer(read.blob, dtype=np.uint8)
+        buf = read.buffer
         for line_index, row in enumerate(rows):
             for column, value in zip(LINE_COLUMNS, (line_index, *row), strict=True):
                 lines[column].append(value)
@@ -576,7 +565,7 @@ class XSpaceReader:
 
     def _decode_chunk(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
         """XEvents at ``buf[starts[i]:ends[i]]`` -> metadata_id, offset_ps, duration_ps,
-        num_occurrences (+ mask), buf, fields."""
+        num_occurrences (+ mask), fields."""
         try:
             fields = wire.decode_fields(buf, starts, ends)
         except wire.WireError as exc:
@@ -589,13 +578,12 @@ class XSpaceReader:
             wire.scalar(fields, n, 3)[0].view(np.int64),
             occurrences.view(np.int64),
             has_occurrences,
-            buf,
             fields,
         )
 
     def _batches(self, plane: _Plane, stat_names: dict[int, str]) -> Iterator[EventBatch]:
         base_ns = self.t0_ns or 0
-        buf = np.frombuffer(plane.blob, dtype=np.uint8)
+        buf = plane.buffer
         pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         count = 0
         for line_index, row in enumerate(self._line_rows[plane.index]):
@@ -619,7 +607,7 @@ class XSpaceReader:
         stat_names: dict[int, str],
     ) -> EventBatch:
         starts, ends, lines, bases = (np.concatenate(part) for part in zip(*pending, strict=True))
-        md_ids, offsets, durations, occurrences, has_occ, buf, fields = self._decode_chunk(buf, starts, ends)
+        md_ids, offsets, durations, occurrences, has_occ, fields = self._decode_chunk(buf, starts, ends)
         stats = None
         owner, start, length = fields.select(4, 2)
         del fields

@@ -174,11 +174,10 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
         total = sum(h.num_events for host_slots in slots for h in host_slots)
         task = bar.task("loading", total)
         _store(make_plans, mlperf, db_path, summary, lambda n: bar.advance(task, n))
-        plans = make_plans()
     _install_views(db_path, summary)
-    summary.runs = len(plans) + summary.mlperf_runs
-    summary.hosts = sum(len(p.hosts) for p in plans)
-    summary.notes = [note for p in plans for note in p.notes] + summary.notes
+    summary.runs = len(sources) + summary.mlperf_runs
+    summary.hosts = sum(len(host_slots) for host_slots in slots)
+    summary.notes = [note for s in sources for note in s.notes] + summary.notes
     summary.seconds = time.perf_counter() - started
     return summary
 

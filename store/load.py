@@ -1,10 +1,11 @@
 """Bulk-load a run into the public relations from numpy columns (never row by row).
 
-Each plane's lines and event metadata, and each event batch a reader yields, reaches DuckDB as
-numpy arrays read by a replacement scan (the arrays are local variables of ``_run_with``) and is
-copied with one ``INSERT ... SELECT`` per batch; the run/host-level constants (run_id, host,
-plane index, time shift to the run's t0) are bound parameters of that statement. An event batch's
-own stats arrive as a long table; SQL turns it into the typed columns and the ``stats`` JSON.
+Each event batch a reader yields, and the planes, lines and event metadata of a few planes at a
+time, reach DuckDB as numpy arrays read by a replacement scan (the arrays are local variables of
+``_run_with``) and are copied with one ``INSERT ... SELECT``; the run/host-level constants (run_id,
+host, plane index, time shift to the run's t0) are bound parameters of that statement. An event
+batch's own stats arrive as a long table: numpy turns it into the typed columns, SQL into the
+``stats`` JSON of the rest.
 
 Why replacement scans, not ``register``: DuckDB keeps every object registered inside a
 transaction alive until COMMIT (the unregistered view stays visible to the open transaction), so
@@ -25,7 +26,6 @@ from typing import Any
 import duckdb
 import numpy as np
 from tpuanalyze.parsers.staging import (
-    SQL_TYPE,
     STAT_DOUBLE,
     STAT_INT,
     STAT_JSON,
@@ -43,11 +43,11 @@ from tpuanalyze.parsers.staging import (
 )
 
 
-def _value(column: str, kind: str, source: str = "") -> str:
+def _value(column: str, kind: str) -> str:
     """SELECT expression of a loader column: nullable numbers come with a ``__ok`` mask."""
     if kind == "str":
-        return f"CAST({source}{column} AS VARCHAR)"
-    return f"CASE WHEN {source}{column}__ok THEN {source}{column} END"
+        return f"CAST({column} AS VARCHAR)"
+    return f"CASE WHEN {column}__ok THEN {column} END"
 
 
 _TYPED = ", ".join(c for c, _ in TYPED_COLUMNS)
@@ -94,13 +94,9 @@ FROM stg_events
 _INSERT_DETAILS = f"""
 INSERT INTO event_details (run_id, host, plane_index, event_index, {", ".join(c for c, _ in DETAIL_TYPED)},
                            stats)
-SELECT * FROM (
-    SELECT $run_id, $host, $plane_index, $first_index + owner,
-           {", ".join(f"{_value(c, k)} AS {c}" for c, k in DETAIL_TYPED)},
-           CAST(CAST(stats AS VARCHAR) AS JSON) AS stats
-    FROM stg_details
-)
-WHERE {" OR ".join(f"{c} IS NOT NULL" for c, _ in DETAIL_TYPED)} OR stats IS NOT NULL
+SELECT $run_id, $host, $plane_index, $first_index + owner,
+       {", ".join(_value(c, k) for c, k in DETAIL_TYPED)}, CAST(CAST(stats AS VARCHAR) AS JSON)
+FROM stg_details
 """
 _INSERT_METADATA = f"""
 INSERT INTO event_metadata (run_id, host, plane_index, metadata_id, name, display_name, {_TYPED}, stats)
@@ -134,7 +130,6 @@ SELECT $run_id, $host, plane_index, {", ".join(_value(c, k) for c, k in _PLANE_C
        CAST(CAST(stats AS VARCHAR) AS JSON)
 FROM stg_planes
 """
-assert set(SQL_TYPE) >= {k for _, k in TYPED_COLUMNS}
 
 
 def _run_with(
@@ -145,8 +140,8 @@ def _run_with(
     stats: Columns | None = None,
     lines: Columns | None = None,
     metadata: Columns | None = None,
-    details: Any = None,
-    planes: Any = None,
+    details: Columns | None = None,
+    planes: Columns | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """Run ``sql`` with the given numpy tables visible to it as stg_events / stg_stats / ... .
 
@@ -332,7 +327,7 @@ _DONE = object()
 def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData, Iterator[EventBatch]]]:
     """The reader's planes and batches, decoded in a background thread while DuckDB inserts.
 
-    numpy, Arrow and DuckDB release the GIL in their kernels, so decoding the next batch overlaps
+    numpy and DuckDB release the GIL in their kernels, so decoding the next batch overlaps
     with inserting this one. Reader errors are re-raised here, in the caller's thread.
     """
     items: queue.Queue = queue.Queue(maxsize=depth)
@@ -489,9 +484,9 @@ def insert_run(
     counts = RunCounts()
     facts: dict[str, Any] = {"devices": 0, "device_type": None, "kinds_with_events": set()}
     run_t0 = run.t0_ns
-    # One DuckDB thread while streaming events: a streamed Arrow scan is serial anyway, and idle
-    # worker threads each keep their own allocator caches (measured: peak RSS -40 MB on 2M
-    # events, no slower). The caller's setting is restored afterwards.
+    # One DuckDB thread while loading: each batch is a small serial append anyway, and idle
+    # worker threads each keep their own allocator caches (measured with the earlier Arrow
+    # loader: peak RSS -40 MB on 2M events, no slower). The caller's setting is restored after.
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     con.execute("SET threads = 1")
     try:
