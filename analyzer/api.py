@@ -2,7 +2,7 @@
 
     analyze_run(con, run_id, thresholds=None) -> RunAnalysis
     analyze_db(db_path, run_ids=None) -> list[RunAnalysis]
-    report_json(analyses) -> {"runs": [summary, ...]}
+    report_json(analyses, cross_run_findings=None) -> {"runs": [summary, ...], "cross_run": {...}}
 
 `RunAnalysis.summary` is exactly the JSON contract's run object (docs/json.md); the DataFrames hold the
 same numbers in detail (docs/attribution.md). The analysis reads the trace database only.
@@ -22,8 +22,10 @@ from tpuanalyze.analyzer import attribution
 from tpuanalyze.analyzer.attribution import materialize_run
 from tpuanalyze.analyzer.collectives import collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
+from tpuanalyze.analyzer.findings import evaluate_findings
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
+from tpuanalyze.analyzer.platform import detect_platform
 from tpuanalyze.analyzer.steps import CATEGORIES, per_core_frame, per_host_frame, step_times_ms, steps_frame
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -141,27 +143,6 @@ def _breakdown_summary(per_core: pd.DataFrame, per_host: pd.DataFrame) -> dict[s
     }
 
 
-def _batch_and_first_conv(con: duckdb.DuckDBPyConnection,
-                          rel: dict[str, str]) -> tuple[float | None, float | None]:
-    """Per-core batch from the infeed shape's leading dimension (most common), and the mean time per
-    train device-step of the step's first convolution (conv0, catalog §3.9)."""
-    row = con.execute(
-        f"""SELECT mode(TRY_CAST(nullif(regexp_extract(coalesce(shape, name), '[a-z0-9]+\\[(\\d+)', 1), '')
-                                AS DOUBLE))
-            FROM {rel['op_steps']} WHERE category = 'input' AND step_start IS NOT NULL"""
-    ).fetchall()
-    batch = row[0][0] if row else None
-    conv = con.execute(
-        f"""WITH firsts AS (
-                SELECT arg_min(duration_ps, start_ps) AS d FROM {rel['op_steps']}
-                WHERE step_start IS NOT NULL AND NOT step_is_eval AND NOT is_container
-                  AND lower(coalesce(hlo_category, '')) LIKE '%convolution%'
-                GROUP BY host, device_ordinal, step_start)
-            SELECT avg(d) / 1e9 FROM firsts"""
-    ).fetchall()
-    return batch, (conv[0][0] if conv else None)
-
-
 def _detail_summary(steps: pd.DataFrame, inputs: pd.DataFrame, collectives: pd.DataFrame,
                     ops: pd.DataFrame, host_work: dict[str, float]) -> dict[str, Any]:
     """Extra summary keys: input per core (max vs mean: a slow host), weight update and whether it is
@@ -215,7 +196,6 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
 
 def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], config: dict[str, Any],
              rel: dict[str, str]) -> RunAnalysis:
-    from tpuanalyze.analyzer.findings import evaluate_findings  # late: findings imports api helpers
 
     steps = steps_frame(con, rel)
     per_core = per_core_frame(con, rel)
@@ -248,11 +228,10 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
                            collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))
     host_work = host_input_work(con, run_id, config, rel)
-    infeed_batch, first_conv_ms = _batch_and_first_conv(con, rel)
     summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
-    analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
-                                          run_metadata=run.get("metadata"), infeed_batch=infeed_batch,
-                                          first_conv_ms=first_conv_ms)
+    summary["platform"] = detect_platform(con, run_id, rel, summary["device_type"], config)
+    analysis.findings = evaluate_findings(con, rel, int(run_id), config, summary["platform"],
+                                          run_metadata=run.get("metadata"))
     summary["findings"] = analysis.findings
     return analysis
 
@@ -295,6 +274,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def report_json(analyses: Iterable[RunAnalysis]) -> dict[str, Any]:
-    """The JSON contract (docs/json.md): {"runs": [summary, ...]}, plain JSON types only."""
-    return {"runs": [_jsonable(a.summary) for a in analyses]}
+def report_json(analyses: Iterable[RunAnalysis],
+                cross_run_findings: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The JSON contract (docs/json.md): {"runs": [summary, ...]}, plus {"cross_run": {"findings": [...]}}
+    when the report covers several runs (scaling-limit findings of their series, empty when none),
+    plain JSON types only."""
+    runs = [_jsonable(a.summary) for a in analyses]
+    document: dict[str, Any] = {"runs": runs}
+    cross = list(cross_run_findings or [])
+    if len(runs) > 1 or cross:
+        document["cross_run"] = {"findings": _jsonable(cross)}
+    return document

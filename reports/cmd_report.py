@@ -166,10 +166,12 @@ def chips_order(con: Any, run_ids: Sequence[int]) -> list[int]:
     return sorted(range(len(run_ids)), key=lambda i: chips[i])
 
 
-def _write_json(analyses: Sequence[Any], target: str) -> None:
+def _write_json(analyses: Sequence[Any], target: str, series: Sequence[Any] | None = None) -> None:
     from tpuanalyze.analyzer.api import report_json
+    from tpuanalyze.reports.view import series_findings
 
-    text = json.dumps(report_json(analyses), indent=2, allow_nan=False) + "\n"
+    document = report_json(analyses, series_findings(series or ()))
+    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
     if target == "-":
         sys.stdout.write(text)
     else:
@@ -263,6 +265,10 @@ def command(
             raise TpuAnalyzeError("cannot write here: no such directory", str(target))
     if thresholds is not None and not thresholds.is_file():
         raise TpuAnalyzeError("no such thresholds file", str(thresholds))
+    if thresholds is not None:  # a typo in the file fails before a long ingest, not after it
+        from tpuanalyze.analyzer.config import load_thresholds
+
+        load_thresholds(thresholds)
     show = progress.resolve_enabled(show_progress)
     databases = [p for p in paths if is_duckdb_file(p)]
     if databases:
@@ -309,6 +315,6 @@ def emit_reports(
                 err=True,
             )
     if json_path is not None:
-        _write_json(analyses, json_path)
+        _write_json(analyses, json_path, series)
     if html_path is not None:
         _write_html(analyses, html_path, show_progress, series)

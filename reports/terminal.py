@@ -157,17 +157,22 @@ def ops_table(ops: Any) -> Table | None:
 def findings_block(
     findings: list[view.FindingView], title: str = "Findings, by estimated gain"
 ) -> Group | Text:
+    """Root causes numbered 1, 2, ...; a finding another one explains sits indented under it (1.1, ...)
+    with its gain counted under the cause."""
     if not findings:
         return Text("Findings: none (no catalog rule fired)", style="bold")
     parts: list[Any] = [Text(title, style="bold underline")]
-    for rank, finding in enumerate(findings, start=1):
-        head = Text(f"{rank}. ")
+    for finding in findings:
+        indent = "    " * finding.depth
+        head = Text(f"{indent}{'└ ' if finding.depth else ''}{finding.label}. ")
         head.append(finding.rule, style="bold")
         head.append(f"  [{finding.severity}]", style=SEVERITY_STYLE.get(finding.severity, "bold"))
+        if finding.caused_by:
+            head.append(f"  caused by {finding.caused_by}", style="magenta")
         head.append(f"  gain {finding.gain_text}", style="green")
         parts.append(head)
         grid = Table.grid(padding=(0, 1))
-        grid.add_column(width=3)
+        grid.add_column(width=3 + 4 * finding.depth)
         grid.add_column(style="dim", width=15)
         grid.add_column(ratio=1, overflow="fold")
         grid.add_row("", "evidence", finding.evidence_text or "–")
