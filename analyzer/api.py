@@ -230,8 +230,7 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     host_work = host_input_work(con, run_id, config, rel)
     summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
     summary["platform"] = detect_platform(con, run_id, rel, summary["device_type"], config)
-    analysis.findings = evaluate_findings(con, rel, int(run_id), config, summary["platform"],
-                                          run_metadata=run.get("metadata"))
+    analysis.findings = evaluate_findings(con, rel, int(run_id), config, summary["platform"])
     summary["findings"] = analysis.findings
     return analysis
 

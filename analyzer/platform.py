@@ -74,7 +74,8 @@ def _training_evidence(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[st
         f"SELECT count(*), any_value(name) FROM events WHERE run_id = ? AND regexp_matches(name, {pattern})",
         [int(run_id)]).fetchone()
     if row and row[0]:
-        return f"{row[0]:,} training events (gradients, backward, optimizer or train steps; e.g. {row[1][:60]})"
+        return (f"{row[0]:,} training events (gradients, backward, optimizer or train steps; "
+                f"e.g. {row[1][:60]})")
     return None
 
 

@@ -27,7 +27,8 @@ class Advice:
 
 ADVICE: dict[str, Advice] = {
     "input-bound": Advice("3.8", BOTH, {  # catalog §3.8
-        "TPU": "Scale the host input pipeline: per-host sharding, parallel interleave, cache decoded records, "
+        "TPU": "Scale the host input pipeline: per-host sharding, parallel interleave, cache decoded "
+               "records, "
                "fused decode-and-crop, host-side space-to-depth, prefetch and background infeed threads so "
                "the next batch is on the device before the step needs it.",
         "GPU": "Scale the input pipeline: more dataloader workers (or tf.data parallel map/interleave), "
@@ -66,7 +67,8 @@ ADVICE: dict[str, Advice] = {
                          "collectives, collective matmul) and map the mesh axis that communicates most onto "
                          "the {torus} ICI links rather than the DCN.",
         "GPU/training": "Make the gradient all-reduce cheaper and hidden: bucket gradients and overlap the "
-                        "{ccl} all-reduce with backward on its own stream, keep the heaviest groups inside one "
+                        "{ccl} all-reduce with backward on its own stream, keep the heaviest groups "
+                        "inside one "
                         "NVLink/xGMI node and use a hierarchical (intra-node, then inter-node) all-reduce.",
         "GPU/inference": "Make the collectives cheaper and hidden: overlap {ccl} collectives with compute on "
                          "a separate stream and keep tensor-parallel groups inside one NVLink/xGMI node.",

@@ -40,7 +40,8 @@ def payload_bytes_sql(shape: str) -> str:
     return (f"list_sum(list_transform(regexp_extract_all({shape}, '(?:{_DTYPES})\\[[0-9,]*\\]'),\n"
             f"         lambda x: (CASE regexp_extract(x, '^([a-z0-9]+)\\[', 1) {sizes} END)\n"
             f"              * coalesce(list_aggregate(list_transform(string_split(\n"
-            f"                  regexp_extract(x, '\\[([0-9,]*)\\]', 1), ','), lambda d: TRY_CAST(d AS BIGINT)),\n"
+            f"                  regexp_extract(x, '\\[([0-9,]*)\\]', 1), ','), lambda d: TRY_CAST(d AS "
+            f"BIGINT)),\n"
             f"                  'product'), 1)))")
 
 
@@ -53,9 +54,9 @@ class Ctx:
     """The run's connection and relations; ``query`` runs an evidence SQL written against the views."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, rel: dict[str, str], run_id: int,
-                 config: dict[str, Any], platform: dict[str, Any], run_metadata: Any = None) -> None:
+                 config: dict[str, Any], platform: dict[str, Any]) -> None:
         self.con, self.rel, self.run_id, self.t = con, rel, int(run_id), config
-        self.platform, self.run_metadata = platform, run_metadata
+        self.platform = platform
         self.step = self.query(self.sql_steps(
             "count(*) AS device_steps, sum(duration_ps) / count(*) / 1e9 AS step_ms,\n"
             "       sum(compute_ps) / sum(duration_ps) AS compute_fraction,\n"
@@ -148,7 +149,8 @@ def host_input_processing(c: Ctx) -> list[dict]:
            f"       FROM step_breakdown WHERE run_id = {c.run_id} AND NOT is_eval),\n"
            f"h AS (SELECT sum(duration_ps) FILTER (WHERE NOT enqueue) / nullif(sum(duration_ps), 0)\n"
            f"               AS host_non_enqueue_share,\n"
-           f"             coalesce(sum(duration_ps) FILTER (WHERE NOT enqueue), 0) / 1e9 AS host_processing_ms,\n"
+           f"             coalesce(sum(duration_ps) FILTER (WHERE NOT enqueue), 0) / 1e9 AS "
+           f"host_processing_ms,\n"
            f"             coalesce(sum(duration_ps) FILTER (WHERE enqueue), 0) / 1e9 AS host_enqueue_ms\n"
            f"      FROM hev)\n"
            f"SELECT st.input_fraction_of_step, h.host_non_enqueue_share, h.host_processing_ms,\n"
@@ -218,9 +220,11 @@ def f32_gradient_allreduce(c: Ctx) -> list[dict]:  # catalog §3.4
            f"f32 AS (SELECT kind, sum(payload) AS payload FROM ops WHERE short_name NOT LIKE '%-done%'\n"
            f"        GROUP BY kind HAVING mode(dtype) = 'f32'),\n"
            f"exposed AS (SELECT sum(t.exposed_ps) AS ps FROM collective_time t JOIN step_breakdown s\n"
-           f"              ON s.run_id = t.run_id AND s.host = t.host AND s.device_ordinal = t.device_ordinal\n"
+           f"              ON s.run_id = t.run_id AND s.host = t.host AND s.device_ordinal = "
+           f"t.device_ordinal\n"
            f"             AND s.start_ps = t.step_start\n"
-           f"            WHERE t.run_id = {c.run_id} AND NOT s.is_eval AND t.kind IN (SELECT kind FROM f32))\n"
+           f"            WHERE t.run_id = {c.run_id} AND NOT s.is_eval AND t.kind IN (SELECT kind FROM "
+           f"f32))\n"
            f"SELECT exposed.ps / steps.ps AS gradient_exposed_fraction_of_step,\n"
            f"       exposed.ps / steps.n / 1e9 AS gradient_exposed_ms_per_step,\n"
            f"       (SELECT string_agg(kind, ', ' ORDER BY kind) FROM f32) AS kinds,\n"
@@ -246,14 +250,18 @@ def latency_bound(c: Ctx) -> list[dict]:  # catalog §3.5
     sql = (f"WITH {_collective_ops_cte(c, ('all-reduce', 'reduce-scatter'))},\n{c.train_steps_cte()},\n"
            f"k AS (SELECT CASE WHEN count(*) FILTER (WHERE kind = 'all-reduce') > 0 THEN 'all-reduce'\n"
            f"                  ELSE 'reduce-scatter' END AS kind FROM ops),\n"
-           f"counted AS (SELECT * FROM ops WHERE kind = (SELECT kind FROM k) AND short_name NOT LIKE '%-done%'),\n"
+           f"counted AS (SELECT * FROM ops WHERE kind = (SELECT kind FROM k) AND short_name NOT LIKE "
+           f"'%-done%'),\n"
            f"exposed AS (SELECT sum(t.exposed_ps) AS ps FROM collective_time t JOIN step_breakdown s\n"
-           f"              ON s.run_id = t.run_id AND s.host = t.host AND s.device_ordinal = t.device_ordinal\n"
+           f"              ON s.run_id = t.run_id AND s.host = t.host AND s.device_ordinal = "
+           f"t.device_ordinal\n"
            f"             AND s.start_ps = t.step_start\n"
            f"            WHERE t.run_id = {c.run_id} AND NOT s.is_eval AND t.kind = (SELECT kind FROM k)),\n"
            f"done AS (SELECT sum(duration_ps) AS ps FROM op_steps\n"
-           f"         WHERE {c.in_train_steps()} AND category = 'collectives' AND short_name LIKE '%-done%')\n"
-           f"SELECT (SELECT kind FROM k) AS kind, (SELECT count(*) FROM counted) / steps.n AS count_per_step,\n"
+           f"         WHERE {c.in_train_steps()} AND category = 'collectives' AND short_name LIKE "
+           f"'%-done%')\n"
+           f"SELECT (SELECT kind FROM k) AS kind, (SELECT count(*) FROM counted) / steps.n AS "
+           f"count_per_step,\n"
            f"       (SELECT median(payload) FROM counted) AS median_op_bytes,\n"
            f"       coalesce(exposed.ps, 0) / steps.n / 1e9 AS exposed_ms_per_step,\n"
            f"       coalesce(exposed.ps, 0) / steps.ps AS exposed_fraction_of_step,\n"
@@ -281,11 +289,13 @@ def distributed_batch_norm(c: Ctx) -> list[dict]:  # catalog §3.6
     th = c.t["distributed_batch_norm"]
     small = int(th["small_bytes"])
     sql = (f"WITH {_collective_ops_cte(c, ('all-reduce',))},\n{c.train_steps_cte()}\n"
-           f"SELECT coalesce(sum(ops.duration_ps) FILTER (WHERE ops.payload < {small}), 0) / any_value(steps.ps)\n"
+           f"SELECT coalesce(sum(ops.duration_ps) FILTER (WHERE ops.payload < {small}), 0) / "
+           f"any_value(steps.ps)\n"
            f"         AS small_allreduce_fraction_of_step,\n"
            f"       count(*) FILTER (WHERE ops.payload < {small} AND ops.short_name NOT LIKE '%-done%')\n"
            f"         / any_value(steps.n) AS small_allreduce_count_per_step,\n"
-           f"       coalesce(sum(ops.duration_ps) FILTER (WHERE ops.payload < {small}), 0) / any_value(steps.n)\n"
+           f"       coalesce(sum(ops.duration_ps) FILTER (WHERE ops.payload < {small}), 0) / "
+           f"any_value(steps.n)\n"
            f"         / 1e9 AS small_allreduce_ms_per_step\n"
            f"FROM steps LEFT JOIN ops ON TRUE")
     m = c.query(sql)
@@ -294,7 +304,8 @@ def distributed_batch_norm(c: Ctx) -> list[dict]:  # catalog §3.6
         return []
     return finding(
         c, "distributed-batch-norm", "medium",
-        f"{_f(m['small_allreduce_count_per_step']):.0f} all-reduces under {small / 1024:.0f} KB per step take "
+        f"{_f(m['small_allreduce_count_per_step']):.0f} all-reduces under {small / 1024:.0f} KB per "
+        f"step take "
         f"{frac:.1%} of step time (batch-norm statistics over replica groups)",
         sql, m, _f(m["small_allreduce_ms_per_step"]) * th["gain_factor"],
         "replica groups mapped onto neighbouring cores: about half of the small all-reduce time "
@@ -341,7 +352,8 @@ def eval_overhead(c: Ctx) -> list[dict]:  # catalog §3.10: eval > 10% of wall t
         f"eval takes {_f(m['eval_fraction_of_wall']):.1%} of wall time ({_f(m['eval_ms']):.1f} ms of "
         f"{_f(m['wall_ms']):.1f} ms)",
         sql, m, _f(m["eval_ms_per_train_step"]) * th["gain_factor"],
-        "distributed, overlapped eval hides about half of it, amortized per train step (catalog §3.10)", "eval")
+        "distributed, overlapped eval hides about half of it, amortized per train step (catalog §3.10)",
+        "eval")
 
 
 def host_overhead(c: Ctx) -> list[dict]:  # catalog §3.7, §4: idle >= 3%
@@ -364,43 +376,24 @@ def host_overhead(c: Ctx) -> list[dict]:  # catalog §3.7, §4: idle >= 3%
         "idle")
 
 
-def _metadata_batch(c: Ctx) -> float | None:
-    """Per-core batch where the run's metadata states it (per_core_batch, or global_batch / devices)."""
-    meta = c.run_metadata
-    if isinstance(meta, str):
-        import json
-        try:
-            meta = json.loads(meta)
-        except ValueError:
-            meta = None
-    if not isinstance(meta, dict):
-        return None
-    if isinstance(meta.get("per_core_batch"), (int, float)):
-        return float(meta["per_core_batch"])
-    return None
-
-
 def data_parallel_limit(c: Ctx) -> list[dict]:
     th = c.t["data_parallel_limit"]  # catalog §3.1, §3.13
     sql = (f"WITH peaks AS (SELECT host, device_ordinal, max(peak_tflops) * 1e12 AS peak_flops FROM planes\n"
            f"               WHERE run_id = {c.run_id} AND device_ordinal IS NOT NULL GROUP BY ALL)\n"
-           f"SELECT mode(TRY_CAST(nullif(regexp_extract(coalesce(o.shape, o.name), '[a-z0-9]+\\[(\\d+)', 1), '')\n"
+           f"SELECT mode(TRY_CAST(nullif(regexp_extract(coalesce(o.shape, o.name), "
+           f"'[a-z0-9]+\\[(\\d+)', 1), '')\n"
            f"            AS DOUBLE)) FILTER (WHERE o.category = 'input') AS per_core_batch,\n"
            f"       count(*) FILTER (WHERE o.collective_kind = 'collective-permute') > 0 AS partitioned,\n"
            f"       sum(o.flops) FILTER (WHERE NOT o.is_container)\n"
            f"         / nullif(sum(o.duration_ps * p.peak_flops) FILTER (WHERE NOT o.is_container\n"
            f"                  AND o.flops IS NOT NULL) / 1e12, 0) AS flop_utilization,\n"
            f"       sum(o.duration_ps) FILTER (WHERE o.category = 'compute' AND NOT o.is_container)\n"
-           f"         / (SELECT count(*) FROM step_breakdown WHERE run_id = {c.run_id} AND NOT is_eval) / 1e9\n"
+           f"         / (SELECT count(*) FROM step_breakdown WHERE run_id = {c.run_id} AND NOT is_eval) "
+           f"/ 1e9\n"
            f"         AS compute_op_ms_per_step\n"
            f"FROM op_steps o LEFT JOIN peaks p ON p.host = o.host AND p.device_ordinal = o.device_ordinal\n"
            f"WHERE {c.in_train_steps('o')}")
     m = c.query(sql)
-    stated = _metadata_batch(c)
-    if stated is not None:
-        m["per_core_batch"], m["batch_source"] = stated, "the trace's run metadata (per_core_batch)"
-    elif m["per_core_batch"] is not None:
-        m["batch_source"] = "leading dimension of the infeed shape"
     batch, util = m["per_core_batch"], m["flop_utilization"]
     if batch is None or m["partitioned"] or batch > th["max_per_core_batch"]:
         return []
@@ -410,7 +403,8 @@ def data_parallel_limit(c: Ctx) -> list[dict]:
                * th["gain_factor"]) if util else 0.0
     return finding(
         c, "data-parallel-limit", sev,
-        f"{batch:g} examples per core ({m['batch_source']}) with no spatial/model partitioning; "
+        f"{batch:g} examples per core (leading dimension of the infeed shape) with no spatial/model "
+        f"partitioning; "
         f"FLOP utilization {'n/a' if util is None else f'{util:.1%}'}",
         sql, m, gain_ms,
         "larger per-core slices via partitioning raise MXU use; rough quarter of the under-utilized compute "
@@ -423,7 +417,8 @@ def partition_overhead(c: Ctx) -> list[dict]:  # catalog §3.1: collective-permu
            f"cp AS (SELECT sum(duration_ps) AS ps FROM op_steps\n"
            f"       WHERE {c.in_train_steps()} AND collective_kind = 'collective-permute'),\n"
            f"exposed AS (SELECT sum(t.exposed_ps) AS ps FROM collective_time t JOIN step_breakdown s\n"
-           f"              ON s.run_id = t.run_id AND s.host = t.host AND s.device_ordinal = t.device_ordinal\n"
+           f"              ON s.run_id = t.run_id AND s.host = t.host AND s.device_ordinal = "
+           f"t.device_ordinal\n"
            f"             AND s.start_ps = t.step_start\n"
            f"            WHERE t.run_id = {c.run_id} AND NOT s.is_eval AND t.kind = 'collective-permute')\n"
            f"SELECT coalesce(cp.ps, 0) / steps.ps AS collective_permute_fraction_of_step,\n"
@@ -437,7 +432,8 @@ def partition_overhead(c: Ctx) -> list[dict]:  # catalog §3.1: collective-permu
     cp_ms, exposed = _f(m["collective_permute_ms_per_step"]), _f(m["collective_permute_exposed_ms_per_step"])
     return finding(
         c, "partition-overhead", sev,
-        f"collective-permute (halo exchange) takes {_f(m['collective_permute_fraction_of_step']):.1%} of step "
+        f"collective-permute (halo exchange) takes {_f(m['collective_permute_fraction_of_step']):.1%} "
+        f"of step "
         f"time ({cp_ms:.3f} ms per step, {exposed:.3f} ms exposed)",
         sql, m, max(exposed, cp_ms * th["gain_factor"]),
         "fewer partitions / overlapped halos: the exposed halo time, at least half the permute time "
@@ -450,13 +446,15 @@ def data_formatting(c: Ctx) -> list[dict]:  # catalog §3.9
     sql = (f"WITH ops AS (SELECT host, device_ordinal, step_start, start_ps, duration_ps, hlo_category,\n"
            f"                    regexp_matches(lower(short_name), {pattern})\n"
            f"                      OR lower(coalesce(hlo_category, '')) = 'data formatting' AS formatting\n"
-           f"             FROM op_steps WHERE {c.in_train_steps()} AND category IN ('compute', 'weight_update')\n"
+           f"             FROM op_steps WHERE {c.in_train_steps()} AND category IN ('compute', "
+           f"'weight_update')\n"
            f"               AND NOT is_container),\n"
            f"firsts AS (SELECT arg_min(duration_ps, start_ps)\n"
            f"                    FILTER (WHERE lower(coalesce(hlo_category, '')) LIKE '%convolution%') AS d\n"
            f"           FROM ops GROUP BY host, device_ordinal, step_start),\n"
            f"{c.train_steps_cte()}\n"
-           f"SELECT sum(duration_ps) FILTER (WHERE formatting) / sum(duration_ps) AS data_formatting_share_of_compute,\n"
+           f"SELECT sum(duration_ps) FILTER (WHERE formatting) / sum(duration_ps) AS "
+           f"data_formatting_share_of_compute,\n"
            f"       coalesce(sum(duration_ps) FILTER (WHERE formatting), 0) / any_value(steps.n) / 1e9\n"
            f"         AS data_formatting_ms_per_step,\n"
            f"       (SELECT avg(d) FROM firsts) * any_value(steps.n) / sum(duration_ps)\n"
@@ -490,9 +488,11 @@ def straggler(c: Ctx) -> list[dict]:  # catalog §3.8 (infeed max/avg > 2), §3.
            f"            FROM step_breakdown WHERE run_id = {c.run_id} AND NOT is_eval GROUP BY ALL),\n"
            f"inf AS (SELECT host, device_ordinal, sum(duration_ps) AS infeed_ps FROM op_steps\n"
            f"        WHERE {c.in_train_steps()} AND category = 'input' GROUP BY ALL),\n"
-           f"core AS (SELECT st.host, st.device_ordinal, coalesce(inf.infeed_ps, st.input_ps) / st.n / 1e9 AS ms\n"
+           f"core AS (SELECT st.host, st.device_ordinal, coalesce(inf.infeed_ps, st.input_ps) / st.n / "
+           f"1e9 AS ms\n"
            f"         FROM st LEFT JOIN inf USING (host, device_ordinal)),\n"
-           f"-- hosts are compared when there are several (a slow host feeds all its cores late), else cores\n"
+           f"-- hosts are compared when there are several (a slow host feeds all its cores late), else "
+           f"cores\n"
            f"unit AS (SELECT any_value(host) AS host, avg(ms) AS ms FROM core\n"
            f"         GROUP BY CASE WHEN (SELECT count(DISTINCT host) FROM core) > 1 THEN host\n"
            f"                       ELSE host || ':' || device_ordinal END),\n"
@@ -504,10 +504,12 @@ def straggler(c: Ctx) -> list[dict]:  # catalog §3.8 (infeed max/avg > 2), §3.
            f"                                ORDER BY start_ps) AS occurrence\n"
            f"      FROM op_steps WHERE {c.in_train_steps()} AND collective_kind IN ({kinds})),\n"
            f"inst AS (SELECT min(duration_ps) AS ps FROM g GROUP BY step_num, short_name, occurrence),\n"
-           f"split AS (SELECT (SELECT sum(ps) FROM inst) / nullif((SELECT count(DISTINCT step_num) FROM g), 0)\n"
+           f"split AS (SELECT (SELECT sum(ps) FROM inst) / nullif((SELECT count(DISTINCT step_num) FROM "
+           f"g), 0)\n"
            f"                   / 1e9 AS compute_ms,\n"
            f"                 (SELECT sum(duration_ps) FROM g) / nullif((SELECT count(*) FROM\n"
-           f"                   (SELECT DISTINCT host, device_ordinal, step_start FROM g)), 0) / 1e9 AS total_ms)\n"
+           f"                   (SELECT DISTINCT host, device_ordinal, step_start FROM g)), 0) / 1e9 AS "
+           f"total_ms)\n"
            f"SELECT outlier.worst_host, outlier.infeed_ms_worst, outlier.infeed_ms_rest,\n"
            f"       outlier.infeed_ms_worst / nullif(outlier.infeed_ms_rest, 0) AS infeed_worst_over_rest,\n"
            f"       split.compute_ms AS collective_compute_ms,\n"
@@ -537,8 +539,8 @@ def straggler(c: Ctx) -> list[dict]:  # catalog §3.8 (infeed max/avg > 2), §3.
     total = _f(m["gradient_collective_ms_per_step"])
     if (m["devices"] or 0) > 1 and total / step_ms >= th["min_allreduce_fraction"] \
             and sync > th["sync_over_compute"] * compute:
-        reasons.append(f"gradient collective sync {sync:.3f} ms > compute {compute:.3f} ms per step: cores wait "
-                       f"for a slower one")
+        reasons.append(f"gradient collective sync {sync:.3f} ms > compute {compute:.3f} ms per step: cores "
+                       f"wait for a slower one")
         sev = sev or "medium"
         kinds_found.append("sync")
         # the slow core's excess shows on every other core as collective sync wait: that time is saved
