@@ -33,6 +33,6 @@ def evaluate_findings(con: duckdb.DuckDBPyConnection, rel: dict[str, str], run_i
     drafts: list[dict[str, Any]] = []
     for rule in RULES:
         drafts += rule(c)
-    if not config.get("severity", {}).get("report_low", True):
+    if not config["severity"]["report_low"]:
         drafts = [f for f in drafts if f["severity"] != "low"]
     return resolve(drafts, config, c.step)
