@@ -163,14 +163,20 @@ def findings_block(
         return Text("Findings: none (no catalog rule fired)", style="bold")
     parts: list[Any] = [Text(title, style="bold underline")]
     for finding in findings:
-        indent = "    " * finding.depth
-        head = Text(f"{indent}{'└ ' if finding.depth else ''}{finding.label}. ")
+        head = Text(f"{'└ ' if finding.depth else ''}{finding.label}. ")
         head.append(finding.rule, style="bold")
         head.append(f"  [{finding.severity}]", style=SEVERITY_STYLE.get(finding.severity, "bold"))
         if finding.caused_by:
             head.append(f"  caused by {finding.caused_by}", style="magenta")
         head.append(f"  gain {finding.gain_text}", style="green")
-        parts.append(head)
+        if finding.depth:  # wrapped lines of an explained finding stay indented under its cause
+            line = Table.grid()
+            line.add_column(width=4 * finding.depth)
+            line.add_column(ratio=1, overflow="fold")
+            line.add_row("", head)
+            parts.append(line)
+        else:
+            parts.append(head)
         grid = Table.grid(padding=(0, 1))
         grid.add_column(width=3 + 4 * finding.depth)
         grid.add_column(style="dim", width=15)
