@@ -543,8 +543,10 @@ def straggler(c: Ctx) -> list[dict]:  # catalog §3.8 (infeed max/avg > 2), §3.
                        f"wait for a slower one")
         sev = sev or "medium"
         kinds_found.append("sync")
-        # the slow core's excess shows on every other core as collective sync wait: that time is saved
-        excess, category = max(excess, sync - compute), "collectives"
+        # the slow core's excess shows on every other core as collective sync wait (and on its own cores
+        # as infeed wait, when that fired too): that time is saved
+        excess = max(excess, sync - compute)
+        category = "collectives+input" if kinds_found[0] == "infeed" else "collectives"
     if not reasons:
         return []
     out = finding(

@@ -54,7 +54,9 @@ def _combine(stand_alone: list[dict], budget_ms: float, category_ms: dict[str, f
     for cat, group in by_cat.items():
         own = [f["_gain_ms"] for f in group]
         total_own = sum(own)
-        cap = category_ms.get(cat)
+        # "a+b": a saving drawn from two categories (a straggler's infeed and the others' sync wait)
+        parts = [category_ms.get(part) for part in cat.split("+")]
+        cap = None if any(p is None for p in parts) else sum(parts)
         if cap is None or cap <= 0:  # a time the step breakdown does not hold (eval, gaps): no overlap
             combined = total_own
         else:
