@@ -70,9 +70,9 @@ def _training_evidence(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[st
     if updates and updates[0]:
         return f"{updates[0]:,} optimizer/weight-update ops (e.g. {updates[1]})"
     pattern = sql_literal(config["patterns"]["training"])
-    row = con.execute(
-        f"SELECT count(*), any_value(name) FROM events WHERE run_id = ? AND regexp_matches(name, {pattern})",
-        [int(run_id)]).fetchone()
+    row = con.execute(  # the pattern runs once per distinct name, not per event
+        f"SELECT sum(n), any_value(name) FROM (SELECT name, count(*) AS n FROM events WHERE run_id = ?"
+        f" GROUP BY name) WHERE regexp_matches(name, {pattern})", [int(run_id)]).fetchone()
     if row and row[0]:
         return (f"{row[0]:,} training events (gradients, backward, optimizer or train steps; "
                 f"e.g. {row[1][:60]})")
