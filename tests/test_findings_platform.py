@@ -13,7 +13,7 @@ import duckdb
 import pytest
 from conftest import run_cli
 from test_report_pipeline import generated_run, ingested
-from tpuanalyze.analyzer.api import analyze_db, analyze_run
+from tpuanalyze.analyzer.api import analyze_db, analyze_run, install_views
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings import ADVICE
 from tpuanalyze.analyzer.platform import tpu_generation
@@ -46,20 +46,26 @@ def shared_analyses(shared_traces: Path, tmp_path_factory: pytest.TempPathFactor
     con = duckdb.connect(str(db), read_only=True)
     try:
         rows = con.execute("SELECT run_id, source_path FROM runs ORDER BY run_id").fetchall()
-        return {source: analyze_run(con, run_id) for run_id, source in rows}
+        analyses = {source: analyze_run(con, run_id) for run_id, source in rows}
     finally:
         con.close()
+    analyses["db"] = db
+    return analyses
+
+
+def _runs(analyses: dict) -> dict:
+    return {source: a for source, a in analyses.items() if source != "db"}
 
 
 def _pick(analyses: dict, fragment: str) -> list:
-    found = [a for source, a in analyses.items() if fragment in source]
+    found = [a for source, a in _runs(analyses).items() if fragment in source]
     assert found, fragment
     return found
 
 
 def test_gpu_and_cpu_traces_get_no_tpu_wording(shared_analyses: dict) -> None:
     checked = 0
-    for source, a in shared_analyses.items():
+    for source, a in _runs(shared_analyses).items():
         family = a.summary["platform"]["family"]
         if "tpu_v6e" in source:
             continue
@@ -162,3 +168,25 @@ def test_json_over_several_runs_has_the_cross_run_findings(tmp_path: Path) -> No
         assert set(f) >= {"rule", "severity", "evidence", "recommendation", "catalog", "estimated_gain"}
     proc = run_cli("report", str(series), "--no-progress")  # the terminal shows the same findings
     assert proc.stdout.count("scaling-limit") >= len(cross)
+
+
+def test_evidence_sql_returns_every_metric_on_real_captures(shared_analyses: dict) -> None:
+    """Each finding's metrics are its SQL's row, column for column, in `tpuanalyze sql`'s views."""
+    con = duckdb.connect(str(shared_analyses["db"]))
+    try:
+        install_views(con)
+        checked = 0
+        for source, a in _runs(shared_analyses).items():
+            for f in a.findings:
+                cur = con.execute(f["evidence"]["sql"])
+                row = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
+                assert set(row) == set(f["evidence"]["metrics"]), (source, f["rule"])
+                for key, value in f["evidence"]["metrics"].items():
+                    if isinstance(value, float):
+                        assert float(row[key]) == pytest.approx(value, rel=1e-5, abs=1e-6), (source, key)
+                    else:
+                        assert row[key] == value, (source, f["rule"], key)
+                checked += 1
+        assert checked >= 8
+    finally:
+        con.close()
