@@ -126,7 +126,8 @@ ADVICE: dict[str, Advice] = {
                          "batch requests, and compile larger programs so the host launches less often.",
         "GPU/training": "The GPU waits for the host to launch work: capture the step in CUDA graphs, fuse "
                         "small kernels (XLA / torch.compile), avoid host synchronisations (.item(), blocking "
-                        "copies) and add dataloader workers, so the host runs ahead of the GPU.",
+                        "copies) and add input workers (DataLoader num_workers, tf.data parallel calls), so "
+                        "the host runs ahead of the GPU.",
         "GPU/inference": "The GPU waits for the host to launch work: capture the forward pass in CUDA "
                          "graphs, fuse small kernels, dispatch asynchronously and batch requests.",
         "CPU": "The XLA CPU devices wait for the host thread that launches them: dispatch asynchronously "
