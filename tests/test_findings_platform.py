@@ -13,7 +13,7 @@ import duckdb
 import pytest
 from conftest import run_cli
 from test_report_pipeline import generated_run, ingested
-from tpuanalyze.analyzer.api import analyze_db, analyze_run, install_views
+from tpuanalyze.analyzer.api import analyze_db, analyze_run, install_views, report_json
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings import ADVICE
 from tpuanalyze.analyzer.platform import tpu_generation
@@ -190,3 +190,10 @@ def test_evidence_sql_returns_every_metric_on_real_captures(shared_analyses: dic
         assert checked >= 8
     finally:
         con.close()
+
+
+def test_json_cross_run_section_is_present_but_empty_without_a_series(shared_analyses: dict) -> None:
+    runs = list(_runs(shared_analyses).values())[:2]
+    document = json.loads(json.dumps(report_json(runs)))
+    assert document["cross_run"] == {"findings": []}
+    assert "cross_run" not in report_json(runs[:1])  # one run: the JSON is its summary only
