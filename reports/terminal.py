@@ -63,6 +63,9 @@ def header(summary: dict) -> Panel:
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("device", str(summary.get("device_type") or "unknown"))
+    platform = summary.get("platform") or {}
+    if platform.get("mode"):  # why the advice is worded as it is (docs/findings.md, platforms)
+        grid.add_row("workload", f"{platform['mode']} ({platform.get('mode_evidence') or 'no evidence'})")
     grid.add_row(
         "hosts / cores", f"{_count(summary.get('hosts'), 'host')} · {_count(summary.get('devices'), 'core')}"
     )
