@@ -107,6 +107,9 @@ def test_v6e_inference_gets_no_training_advice(shared_analyses: dict) -> None:
         assert f["rule"] not in TRAINING_ONLY, f["rule"]
         assert not TRAINING_WORDING.search(f["recommendation"]), (f["rule"], f["recommendation"])
     assert "data-formatting" not in {f["rule"] for f in a.findings}  # async copy waits are not layout copies
+    from tpuanalyze.reports.terminal import render_text
+
+    assert re.search(r"workload\s+inference \(no optimizer", render_text([a]))
 
 
 def test_generated_tpu_v3_training_is_recognised_from_its_ops() -> None:
