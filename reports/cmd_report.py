@@ -121,49 +121,54 @@ def analyse(
                 bar.advance(1)
         series = scaling_series(con, run_ids, analyses)
         if series is not None:
-            analyses = [analyses[i] for i in chips_order(con, run_ids)]
+            analyses = [analyses[i] for i in chips_order(analyses)]
         return analyses, series
     finally:
         con.close()
 
 
 def scaling_series(con: Any, run_ids: Sequence[int], analyses: list[Any]) -> list[Any] | None:
-    """The runs as one scaling series (``[ScalingAnalysis]``) when they are one workload at 2+ chip counts.
+    """One scaling series (``ScalingAnalysis``) per group of runs of the same workload on the same
+    platform measured at 2+ chip counts; None when no group qualifies (no section).
 
-    Built exactly as ``tpuanalyze scaling`` builds it (chips, batch and workload from the trace's own
-    stats, never from the number of traced hosts, which may be a sample). Otherwise None: no section.
+    Built exactly as ``tpuanalyze scaling`` builds it (chips, batch, workload and platform from the
+    trace's own identity, never from the number of traced hosts, which may be a sample). Runs whose
+    workload or platform the trace does not state join no series.
     """
     if len(analyses) < 2:
         return None
     try:
         from tpuanalyze.analyzer.compare import LoadedRun, run_facts
+        from tpuanalyze.analyzer.identity import comparable_key
         from tpuanalyze.analyzer.scaling import analyze_scaling
         from tpuanalyze.reports.cmd_scaling import trace_series
     except ImportError:
         return None
-    runs = []
+    groups: dict[tuple, list[Any]] = {}
     for run_id, analysis in zip(run_ids, analyses, strict=True):
         name = str(analysis.summary.get("run"))
-        runs.append(
-            LoadedRun(label=name, run_id=run_id, name=name, analysis=analysis, facts=run_facts(con, run_id))
-        )
-    if any(not r.facts.get("chips") for r in runs) or len({r.facts["chips"] for r in runs}) < 2:
-        return None
-    if len({r.facts.get("workload") for r in runs}) > 1:
-        return None
-    try:
-        frame = trace_series(runs, {})
-        return [analyze_scaling(frame, workload=str(runs[0].facts.get("workload") or ""))]
-    except (TpuAnalyzeError, ValueError):
-        return None
+        run = LoadedRun(label=name, run_id=run_id, name=name, analysis=analysis, facts=run_facts(analysis))
+        key = comparable_key(run.facts["identity"])
+        if key is not None and run.facts.get("chips"):
+            groups.setdefault(key, []).append(run)
+    series = []
+    for runs in groups.values():
+        if len({r.facts["chips"] for r in runs}) < 2:
+            continue
+        try:
+            frame = trace_series(runs, {})
+            series.append(analyze_scaling(frame, workload=str(runs[0].facts.get("workload") or "")))
+        except (TpuAnalyzeError, ValueError):
+            continue
+    return series or None
 
 
-def chips_order(con: Any, run_ids: Sequence[int]) -> list[int]:
+def chips_order(analyses: Sequence[Any]) -> list[int]:
     """Positions of the runs from the smallest slice up (a scaling series reads best that way)."""
     from tpuanalyze.analyzer.compare import run_facts
 
-    chips = [run_facts(con, run_id).get("chips") or 0 for run_id in run_ids]
-    return sorted(range(len(run_ids)), key=lambda i: chips[i])
+    chips = [run_facts(a).get("chips") or 0 for a in analyses]
+    return sorted(range(len(analyses)), key=lambda i: chips[i])
 
 
 def _write_json(analyses: Sequence[Any], target: str) -> None:
