@@ -71,8 +71,9 @@ def _lookup(con: duckdb.DuckDBPyConnection, ref: str, db_label: str) -> list[tup
                            [int(ref)]).fetchall()
     else:
         rows = con.execute(
-            "SELECT run_id, name, source_format FROM runs WHERE name = ? OR source_path = ? ORDER BY run_id",
-            [ref, str(Path(ref).resolve()) if ref else ref]).fetchall()
+            "SELECT run_id, name, source_format FROM runs WHERE name = ? OR source_path = ? "
+            "OR (name LIKE '%/' || ? AND ? <> '') ORDER BY run_id",
+            [ref, str(Path(ref).resolve()) if ref else ref, ref, ref]).fetchall()
     if not rows:
         raise TpuAnalyzeError(f"no run '{ref}' in the database", db_label)
     if any(r[2] == "mlperf" for r in rows):

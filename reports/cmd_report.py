@@ -92,8 +92,10 @@ def analyse(
     selectors: Sequence[str],
     thresholds: Path | None,
     show_progress: bool,
+    xprof: bool = False,
 ) -> tuple[list[Any], list[Any] | None]:
-    """RunAnalysis of each selected run, read-only, with a progress bar; and their scaling series, if any."""
+    """RunAnalysis of each selected run, read-only, with a progress bar; and their scaling series, if any.
+    With ``xprof``, XProf's numbers on the same files go into each summary (``xprof``)."""
     import duckdb
     from tpuanalyze.analyzer.api import analyze_run, load_thresholds
 
@@ -119,6 +121,11 @@ def analyse(
                 bar.advance(0, note=str(names.get(run_id, run_id)))
                 analyses.append(analyze_run(con, run_id, config))
                 bar.advance(1)
+        if xprof:
+            from tpuanalyze.reports.xprof_side import attach
+
+            with progress.phase("running XProf on the same files", enabled=show_progress):
+                attach(con, list(run_ids), analyses)
         series = scaling_series(con, run_ids, analyses)
         if series is not None:
             analyses = [analyses[i] for i in chips_order(analyses)]
@@ -237,6 +244,13 @@ def _write_html(
     metavar="NAME|ID",
     help="With a database PATH: report only these runs (repeatable; default all trace runs).",
 )
+@click.option(
+    "--xprof",
+    "with_xprof",
+    is_flag=True,
+    help="Also run XProf on the same files and show its step time, idle, infeed and all-reduce shares "
+    "beside ours (needs the xprof extra, or TPUANALYZE_XPROF_PYTHON).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No terminal summary (only the files asked for).")
 @click.option(
     "--progress/--no-progress",
@@ -251,6 +265,7 @@ def command(
     html_path: Path | None,
     thresholds: Path | None,
     run_selectors: tuple[str, ...],
+    with_xprof: bool,
     quiet: bool,
     show_progress: bool | None,
 ) -> None:
@@ -268,6 +283,10 @@ def command(
             raise TpuAnalyzeError("cannot write here: no such directory", str(target))
     if thresholds is not None and not thresholds.is_file():
         raise TpuAnalyzeError("no such thresholds file", str(thresholds))
+    if with_xprof:  # before a long analysis: without XProf, one line saying how to get it
+        from tpuanalyze.reports.xprof_side import xprof_python
+
+        xprof_python()
     show = progress.resolve_enabled(show_progress)
     databases = [p for p in paths if is_duckdb_file(p)]
     if databases:
@@ -277,7 +296,7 @@ def command(
             raise TpuAnalyzeError(
                 "--db is for ingesting traces; the PATH is already a database", str(db_path)
             )
-        analyses, series = analyse(databases[0], None, run_selectors, thresholds, show)
+        analyses, series = analyse(databases[0], None, run_selectors, thresholds, show, with_xprof)
         database_note = str(databases[0])
     else:
         if run_selectors:
@@ -288,7 +307,7 @@ def command(
             if db_path is not None and thresholds is not None:
                 # ingest installed the default-threshold views; custom thresholds replace them
                 _install_views(db_path, thresholds)
-            analyses, series = analyse(target, run_ids, (), thresholds, show)
+            analyses, series = analyse(target, run_ids, (), thresholds, show, with_xprof)
         database_note = str(db_path) if db_path is not None else None
     emit_reports(analyses, json_path, html_path, quiet, show, database_note, series)
 
@@ -307,6 +326,10 @@ def emit_reports(
 
     if not quiet and json_path != "-":
         terminal.print_summary(analyses, series=series or ())
+        if any("xprof" in a.summary for a in analyses):
+            from tpuanalyze.reports.xprof_side import print_xprof
+
+            print_xprof(list(analyses), terminal.make_console(sys.stdout))
         if database is None:
             click.echo(
                 "(temporary database; add --db FILE to keep it and rerun the findings' SQL "

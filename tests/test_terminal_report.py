@@ -32,7 +32,7 @@ def test_piped_summary_has_header_breakdown_and_ranked_findings(tmp_path) -> Non
     out = proc.stdout
     _check_plain_100_columns(out)
     # Header: the run and its facts.
-    assert f"run {run.name}" in out
+    assert re.search(rf"run \S*/{re.escape(run.name)}", out)  # <logdir>/<run>
     assert "TPU v3" in out
     assert re.search(r"hosts / cores\s+\d+ hosts? · \d+ cores?", out)
     assert re.search(r"step time\s+[\d.]+ ms mean · median", out)
