@@ -49,10 +49,10 @@ def main() -> None:
         folder = SHARED if base == "shared" else ROOT / "sample_traces"
         files = files_of(folder / rel)
         result = run_probe(python, files)
-        names = " ".join(str(f.relative_to(folder)) for f in files)
-        entries[f"{base}:{rel}"] = {
-            "command": f"cd {'../shared/traces' if base == 'shared' else 'sample_traces'} && "
-                       f"$TPUANALYZE_XPROF_PYTHON {PROBE.relative_to(ROOT)} {names}",
+        prefix = "../shared/traces" if base == "shared" else "sample_traces"
+        names = " ".join(f"{prefix}/{f.relative_to(folder)}" for f in files)
+        entries[f"{base}:{rel}"] = {  # run from the project root; run_probe links the files first
+            "command": f"$TPUANALYZE_XPROF_PYTHON {PROBE.relative_to(ROOT)} {names}",
             "xprof": result,
         }
         print(rel, result)
