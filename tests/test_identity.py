@@ -254,3 +254,17 @@ def test_sampled_bert_pod_reports_the_runs_replicas(tmp_path) -> None:
     assert identity["workload"]["model_scope"] == "bert" and identity["platform"]["generation"] == "v3"
     finding = next(f for f in analysis.findings if f["rule"] == "weight-update-unsharded")
     assert finding["evidence"]["metrics"]["replicas"] == 8192
+
+
+def test_report_builds_series_only_within_one_workload(small_runs, tmp_path) -> None:
+    from tpuanalyze.reports.cmd_report import analyse
+
+    db = tmp_path / "runs.duckdb"
+    ids = ingest_paths([small_runs["bert8"], small_runs["resnet8"], small_runs["resnet16"]], db).run_ids
+    _, series = analyse(db, ids, (), None, False)
+    # BERT at 8 chips and ResNet-50 at 16 would be a 2-point "series"; only the ResNet-50 pair is one
+    assert series is not None and len(series) == 1
+    assert list(series[0].measured["chips"]) == [8, 16]
+    assert "resnet_model" in series[0].workload
+    _, none = analyse(db, [ids[0], ids[2]], (), None, False)
+    assert none is None
