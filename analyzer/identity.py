@@ -162,10 +162,12 @@ def _model_scope(con: duckdb.DuckDBPyConnection, run_id: int, program: str | Non
 
 def _infeed(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int | None, str | None]:
     """Leading dimension and per-example shape of the most executed infeed."""
-    rows = con.execute(
-        "SELECT coalesce(shape, name), count(*) AS n FROM events WHERE run_id = ? "
-        "AND lower(coalesce(hlo_category, '')) = 'infeed' GROUP BY 1 ORDER BY n DESC LIMIT 1",
-        [int(run_id)]).fetchall()
+    rows = con.execute(  # infeed op metadata are few: count their executions, not every event's category
+        """WITH md AS (SELECT host, plane_index, metadata_id, coalesce(shape, name) AS text
+                       FROM event_metadata WHERE run_id = $run AND lower(hlo_category) = 'infeed')
+           SELECT md.text, count(*) AS n FROM event_rows r
+           JOIN md ON md.host = r.host AND md.plane_index = r.plane_index AND md.metadata_id = r.metadata_id
+           WHERE r.run_id = $run GROUP BY 1 ORDER BY n DESC, 1 LIMIT 1""", {"run": int(run_id)}).fetchall()
     if not rows:
         return None, None
     text = str(rows[0][0])
