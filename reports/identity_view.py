@@ -9,7 +9,7 @@ from typing import Any
 def _platform(identity: dict[str, Any]) -> str:
     p = identity.get("platform") or {}
     if not p.get("kind"):
-        return "not stated"
+        return "unknown"
     device = p.get("device_type") or p["kind"].upper()
     generation = p.get("generation")
     return f"{device} ({generation})" if generation and generation not in device else device
@@ -42,10 +42,10 @@ def _batch(identity: dict[str, Any]) -> str:
 
 
 def identity_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, text) rows: workload, platform, chips, batch."""
+    """(label, text) rows: device (platform and generation), workload, chips, batch."""
     identity = summary.get("identity") or {}
     if not identity:
         return []
     workload = (identity.get("workload") or {}).get("label") or "not stated (no XLA program named)"
-    return [("workload", workload), ("platform", _platform(identity)), ("chips", _chips(identity)),
+    return [("device", _platform(identity)), ("workload", workload), ("chips", _chips(identity)),
             ("batch", _batch(identity))]

@@ -63,8 +63,8 @@ def header(summary: dict) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("device", str(summary.get("device_type") or "unknown"))
-    for label, text in identity_rows(summary):
+    rows = identity_rows(summary) or [("device", str(summary.get("device_type") or "unknown"))]
+    for label, text in rows:
         grid.add_row(label, text)
     grid.add_row(
         "hosts / cores", f"{_count(summary.get('hosts'), 'host')} · {_count(summary.get('devices'), 'core')}"

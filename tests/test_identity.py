@@ -268,3 +268,23 @@ def test_report_builds_series_only_within_one_workload(small_runs, tmp_path) -> 
     assert "resnet_model" in series[0].workload
     _, none = analyse(db, [ids[0], ids[2]], (), None, False)
     assert none is None
+
+
+def test_replica_groups_in_both_hlo_spellings() -> None:
+    from tpuanalyze.analyzer.identity import _replica_groups
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE event_metadata (run_id INTEGER, name VARCHAR)")
+    texts = {
+        1: ["%all-reduce = f32[5] all-reduce(f32[5] %b), channel_id=1, replica_groups=[4,2]<=[2,4]T(1,0), "
+            "use_global_device_ids=true, to_apply=%r"],
+        2: ["%ar = f32[8] all-reduce(f32[8] %x), replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add",
+            "%ag = f32[16] all-gather(f32[8] %y), replica_groups={{0,4},{1,5},{2,6},{3,7}}, dimensions={0}"],
+        3: ["%ar = f32[8] all-reduce(f32[8] %x), replica_groups={}, to_apply=%add"],
+    }
+    for run_id, names in texts.items():
+        for name in names:
+            con.execute("INSERT INTO event_metadata VALUES (?, ?)", [run_id, name])
+    assert _replica_groups(con, 1) == (8, 2)   # 4 groups of 2 over 8 devices
+    assert _replica_groups(con, 2) == (8, 4)  # the all-reduce's groups set the replicas
+    assert _replica_groups(con, 3) == (None, None)  # `{}` = all replicas: the count is not stated
