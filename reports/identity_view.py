@@ -19,7 +19,7 @@ def _chips(identity: dict[str, Any]) -> str:
     captured, in_job = identity.get("chips_captured"), identity.get("chips_in_job")
     hosts, hosts_job = identity.get("hosts_captured"), identity.get("hosts_in_job")
     noun = "chip" if (identity.get("platform") or {}).get("kind") == "tpu" else "device"
-    text = f"{captured if captured is not None else '?'} {noun}s captured"
+    text = f"{captured if captured is not None else '?'} {noun}{'' if captured == 1 else 's'} captured"
     if in_job:
         text += f" of {in_job} in the job (collectives' replica groups)"
     elif identity.get("chips_at_least"):

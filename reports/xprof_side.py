@@ -156,7 +156,14 @@ def xprof_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     block = summary.get("xprof") or {}
     return [{"label": m["label"], "ours": _fmt(m["ours"]), "xprof": _fmt(m["xprof"]),
              "difference": "–" if m["difference"] is None else f"{m['difference']:+.2f}",
-             "flagged": m["flagged"]} for m in block.get("metrics", [])]
+             "flagged": m["flagged"],
+             "flag_text": _flag_text(m)} for m in block.get("metrics", [])]
+
+
+def _flag_text(metric: dict[str, Any]) -> str:
+    if not metric["flagged"]:
+        return ""
+    return "over 5%" if metric["metric"] == "step_time_ms" else "over 5 points"
 
 
 def print_xprof(analyses: list[Any], console: Any) -> None:
@@ -174,8 +181,7 @@ def print_xprof(analyses: list[Any], console: Any) -> None:
         for name in ("metric", "ours", "XProf", "difference", ""):
             table.add_column(name, justify="left" if name in ("metric", "") else "right")
         for row in xprof_rows(analysis.summary):
-            table.add_row(row["label"], row["ours"], row["xprof"], row["difference"],
-                          "over 5 points" if row["flagged"] else "")
+            table.add_row(row["label"], row["ours"], row["xprof"], row["difference"], row["flag_text"])
         console.print(table)
         for note in block.get("notes", []):
             console.print(f"  note: {escape(note)}")
