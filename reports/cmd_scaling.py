@@ -65,12 +65,6 @@ def trace_series(runs: list[LoadedRun], overrides: dict[str, int], allow_mixed: 
         row.pop("collectives_overlapped", None)
         rows.append(row)
     frame = pd.DataFrame(rows)
-    workloads = frame["workload"].dropna().astype(str)
-    if workloads.nunique() > 1 and not allow_mixed:
-        mixed = "; ".join(f"{w}: {', '.join(frame.loc[frame['workload'] == w, 'run'])}"
-                          for w in workloads.unique())
-        raise TpuAnalyzeError(f"runs mix workloads ({mixed}); scaling compares one workload at several "
-                              "chip counts")
     return frame.sort_values("chips", kind="stable", ignore_index=True)
 
 
