@@ -72,7 +72,7 @@ def _lookup(con: duckdb.DuckDBPyConnection, ref: str, db_label: str) -> list[tup
     else:
         rows = con.execute(
             "SELECT run_id, name, source_format FROM runs WHERE name = ? OR source_path = ? "
-            "OR (name LIKE '%/' || ? AND ? <> '') ORDER BY run_id",
+            "OR (? <> '' AND ends_with(name, '/' || ?)) ORDER BY run_id",
             [ref, str(Path(ref).resolve()) if ref else ref, ref, ref]).fetchall()
     if not rows:
         raise TpuAnalyzeError(f"no run '{ref}' in the database", db_label)
