@@ -23,9 +23,10 @@ from tpuanalyze.analyzer.attribution import materialize_run
 from tpuanalyze.analyzer.collectives import collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings import evaluate_findings
+from tpuanalyze.analyzer.identity import run_identity
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
-from tpuanalyze.analyzer.platform import detect_platform
+from tpuanalyze.analyzer.platform import advice_platform, workload_mode
 from tpuanalyze.analyzer.steps import CATEGORIES, per_core_frame, per_host_frame, step_times_ms, steps_frame
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -225,12 +226,14 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
         "notes": (["an MLPerf result log, not a trace: nothing to attribute (see `tpuanalyze mlperf`)"]
                   if run.get("source_format") == "mlperf" else _notes(con, run_id, rel, steps)),
     }
+    summary["identity"] = run_identity(con, run_id, summary["device_type"], devices)
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
                            collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))
     host_work = host_input_work(con, run_id, config, rel)
     summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
-    summary["platform"] = detect_platform(con, run_id, rel, summary["device_type"], config)
-    analysis.findings = evaluate_findings(con, rel, int(run_id), config, summary["platform"])
+    summary["identity"]["workload"].update(workload_mode(con, run_id, rel, config))
+    analysis.findings = evaluate_findings(con, rel, int(run_id), config, advice_platform(summary["identity"]),
+                                          summary["identity"])
     summary["findings"] = analysis.findings
     return analysis
 

@@ -10,6 +10,7 @@ from test_attribution_xspace import XSpaceBuilder, design_example_step, hlo_op
 from tpuanalyze.analyzer.api import analyze_run, install_views
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings import ADVICE, recommendation
+from tpuanalyze.analyzer.platform import advice_platform
 from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -56,7 +57,8 @@ def test_findings_shape_and_evidence(example_db: tuple[duckdb.DuckDBPyConnection
     assert found["straggler"]["evidence"]["metrics"]["infeed_worst_over_rest"] == pytest.approx(4.0)
     for f in a.findings:
         assert f["rule"] in RULE_IDS and f["severity"] in ("high", "medium", "low")
-        assert f["recommendation"] == recommendation(f["rule"], a.summary["platform"]) and f["catalog"]
+        platform = advice_platform(a.summary["identity"])
+        assert f["recommendation"] == recommendation(f["rule"], platform) and f["catalog"]
         gain = f["estimated_gain"]
         assert gain["label"] == "estimate" and gain["model"] and gain["ms"] >= 0
         assert con.execute(f["evidence"]["sql"]).fetchall()  # the SQL runs against the views

@@ -16,7 +16,7 @@ from test_report_pipeline import generated_run, ingested
 from tpuanalyze.analyzer.api import analyze_db, analyze_run, install_views, report_json
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings import ADVICE
-from tpuanalyze.analyzer.platform import tpu_generation
+from tpuanalyze.analyzer.platform import advice_platform
 from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -66,11 +66,11 @@ def _pick(analyses: dict, fragment: str) -> list:
 def test_gpu_and_cpu_traces_get_no_tpu_wording(shared_analyses: dict) -> None:
     checked = 0
     for source, a in _runs(shared_analyses).items():
-        family = a.summary["platform"]["family"]
+        family = advice_platform(a.summary["identity"])["family"]
         if "tpu_v6e" in source:
             continue
         expected = "CPU" if "jax_cpu" in source else "GPU"
-        assert family == expected, (source, a.summary["platform"])
+        assert family == expected, (source, advice_platform(a.summary["identity"]))
         for f in a.findings:
             assert not TPU_WORDING.search(f["recommendation"]), (source, f["rule"], f["recommendation"])
             checked += 1
@@ -79,19 +79,19 @@ def test_gpu_and_cpu_traces_get_no_tpu_wording(shared_analyses: dict) -> None:
 
 def test_gpu_advice_names_the_gpu_techniques(shared_analyses: dict) -> None:
     (v100,) = _pick(shared_analyses, "gpu_v100x8_tf_multiworker")
-    assert v100.summary["platform"]["vendor"] == "NVIDIA"
+    assert advice_platform(v100.summary["identity"])["vendor"] == "NVIDIA"
     host = {f["rule"]: f for f in v100.findings}["host-overhead"]
     assert "CUDA graphs" in host["recommendation"]
     (nccl,) = _pick(shared_analyses, "kineto_nccl_rank0")
     coll = {f["rule"]: f for f in nccl.findings}["collective-bound"]
     assert "NCCL" in coll["recommendation"] and "torus" not in coll["recommendation"]
     amd = _pick(shared_analyses, "gpu_mi300x_jax08_gemm")[0]
-    assert amd.summary["platform"]["vendor"] == "AMD"
+    assert advice_platform(amd.summary["identity"])["vendor"] == "AMD"
 
 
 def test_cpu_advice_speaks_of_host_threads(shared_analyses: dict) -> None:
     for a in _pick(shared_analyses, "jax_cpu"):
-        platform = a.summary["platform"]
+        platform = advice_platform(a.summary["identity"])
         assert platform["mode"] == "training", platform  # StepTraceAnnotation("train"), train_step
         host = {f["rule"]: f for f in a.findings}.get("host-overhead")
         if host:
@@ -100,7 +100,7 @@ def test_cpu_advice_speaks_of_host_threads(shared_analyses: dict) -> None:
 
 def test_v6e_inference_gets_no_training_advice(shared_analyses: dict) -> None:
     (a,) = _pick(shared_analyses, "tpu_v6e_4chip_jax_inference")
-    platform = a.summary["platform"]
+    platform = advice_platform(a.summary["identity"])
     assert (platform["family"], platform["generation"], platform["mode"]) == ("TPU", "v6e", "inference")
     assert a.findings, "the capture idles between programs: host-overhead fires"
     for f in a.findings:
@@ -109,24 +109,17 @@ def test_v6e_inference_gets_no_training_advice(shared_analyses: dict) -> None:
     assert "data-formatting" not in {f["rule"] for f in a.findings}  # async copy waits are not layout copies
     from tpuanalyze.reports.terminal import render_text
 
-    assert re.search(r"workload\s+inference \(no optimizer", render_text([a]))
+    assert re.search(r"mode\s+inference \(no optimizer", render_text([a]))
 
 
 def test_generated_tpu_v3_training_is_recognised_from_its_ops() -> None:
     db, run_ids = ingested(generated_run(scenario="weight-update-unsharded"))
     (a,) = analyze_db(db, list(run_ids))
-    platform = a.summary["platform"]
+    platform = advice_platform(a.summary["identity"])
     assert (platform["family"], platform["generation"], platform["mode"]) == ("TPU", "v3", "training")
-    assert "optimizer/weight-update ops" in platform["mode_evidence"]
+    assert "optimizer/weight-update ops" in a.summary["identity"]["workload"]["mode_evidence"]
     wu = {f["rule"]: f for f in a.findings}["weight-update-unsharded"]
     assert "reduce-scatter" in wu["recommendation"]
-
-
-@pytest.mark.parametrize(("device_type", "generation"), [("TPU v3", "v3"), ("TPU v6 Lite", "v6e"),
-                                                         ("TPU v5 lite", "v5e"), ("TPU v5p", "v5p"),
-                                                         ("TPU v4", "v4"), ("GPU", None)])
-def test_tpu_generation_from_the_device_type(device_type: str, generation: str | None) -> None:
-    assert tpu_generation(device_type) == generation
 
 
 def test_unknown_thresholds_key_is_a_one_line_error(tmp_path: Path, shared_traces: Path) -> None:

@@ -44,7 +44,7 @@ def _bn_run(tmp: Path, shape: str, training: bool = True) -> tuple[duckdb.DuckDB
 def test_distributed_batch_norm_fires_on_many_tiny_allreduces(tmp_path: Path) -> None:
     con, run_id = _bn_run(tmp_path, "f32[16]")  # 64 bytes each: batch-norm statistics
     a = analyze_run(con, run_id)
-    assert a.summary["platform"]["mode"] == "training"
+    assert a.summary["identity"]["workload"]["mode"] == "training"
     found = {f["rule"]: f for f in a.findings}
     bn = found["distributed-batch-norm"]
     m = bn["evidence"]["metrics"]
@@ -62,7 +62,7 @@ def test_distributed_batch_norm_silent_on_large_allreduces(tmp_path: Path) -> No
 def test_training_only_rules_stay_silent_on_inference(tmp_path: Path) -> None:
     con, run_id = _bn_run(tmp_path, "f32[16]", training=False)
     a = analyze_run(con, run_id)
-    assert a.summary["platform"]["mode"] == "inference"
+    assert a.summary["identity"]["workload"]["mode"] == "inference"
     rules = {f["rule"] for f in a.findings}
     assert "distributed-batch-norm" not in rules and "weight-update-unsharded" not in rules
     for f in a.findings:

@@ -24,10 +24,11 @@ RULE_IDS = tuple(ADVICE)
 
 
 def evaluate_findings(con: duckdb.DuckDBPyConnection, rel: dict[str, str], run_id: int,
-                      config: dict[str, Any], platform: dict[str, Any]) -> list[dict[str, Any]]:
+                      config: dict[str, Any], platform: dict[str, Any],
+                      identity: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every rule that fires and applies to the run's platform and workload, as a tree: each root cause
     (most severe first, then by combined gain) followed by the findings it explains."""
-    c = Ctx(con, rel, run_id, config, platform)
+    c = Ctx(con, rel, run_id, config, platform, identity)
     if not c.n:
         return []
     drafts: list[dict[str, Any]] = []

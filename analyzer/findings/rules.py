@@ -54,9 +54,10 @@ class Ctx:
     """The run's connection and relations; ``query`` runs an evidence SQL written against the views."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, rel: dict[str, str], run_id: int,
-                 config: dict[str, Any], platform: dict[str, Any]) -> None:
+                 config: dict[str, Any], platform: dict[str, Any],
+                 identity: dict[str, Any] | None = None) -> None:
         self.con, self.rel, self.run_id, self.t = con, rel, int(run_id), config
-        self.platform = platform
+        self.platform, self.identity = platform, identity or {}
         self.step = self.query(self.sql_steps(
             "count(*) AS device_steps, sum(duration_ps) / count(*) / 1e9 AS step_ms,\n"
             "       sum(compute_ps) / sum(duration_ps) AS compute_fraction,\n"
@@ -314,10 +315,15 @@ def distributed_batch_norm(c: Ctx) -> list[dict]:  # catalog §3.6
 
 def weight_update_unsharded(c: Ctx) -> list[dict]:  # catalog §3.2
     th = c.t["weight_update_unsharded"]
+    # the run's data-parallel replicas (the gradient all-reduce's group, identity.replicas), not the cores
+    # written; without replica groups in the trace, the devices with steps
+    stated = c.identity.get("replicas")
+    replicas_sql = (f"{int(stated)} AS replicas,  -- identity.replicas: the collectives' replica groups"
+                    if stated else "count(DISTINCT host || ':' || device_ordinal) AS replicas,")
     sql = c.sql_steps(
         "sum(weight_update_ps) / sum(duration_ps) AS weight_update_fraction_of_step,\n"
         "       sum(weight_update_ps) / count(*) / 1e9 AS weight_update_ms_per_step,\n"
-        "       count(DISTINCT host || ':' || device_ordinal) AS replicas,\n"
+        f"       {replicas_sql}\n"
         f"       (SELECT count(*) > 0 FROM op_steps WHERE {c.in_train_steps()}\n"
         "          AND collective_kind IN ('reduce-scatter', 'all-gather')) AS reduce_scatter_or_all_gather")
     m = c.query(sql)
