@@ -187,6 +187,8 @@ class ScalingAnalysis:
     growing: str | None
     findings: list[dict]
     holdout: dict[str, Any] | None   # the largest run predicted from the others
+    time_to_train: dict[str, Any] | None = None   # the time-to-train model (MLPerf series), see below
+    joined: list[dict] = field(default_factory=list)  # trace runs beside the MLPerf result at their chips
 
     def to_json(self) -> dict:
         """The scaling JSON document (see docs/scaling.md)."""
@@ -207,6 +209,8 @@ class ScalingAnalysis:
             "growing_category": self.growing,
             "holdout": self.holdout,
             "findings": self.findings,
+            "time_to_train": self.time_to_train,
+            "joined_mlperf": self.joined,
         }
 
 
@@ -256,10 +260,25 @@ def _cores(frame: pd.DataFrame) -> pd.Series:
     return frame["chips"].astype(float) * 2.0  # TPU v3: 2 TensorCores per chip (catalog §2)
 
 
+Target = int | tuple[int, int | None]   # chips, or (chips, global batch at that scale or None)
+
+
+def _split_targets(project_to: Sequence[Target] | None) -> list[tuple[int, int | None]]:
+    return [(int(t[0]), None if t[1] is None else int(t[1])) if isinstance(t, tuple) else (int(t), None)
+            for t in project_to or []]
+
+
 def analyze_scaling(frame: pd.DataFrame, metric: str = "step_time_ms", workload: str = "",
-                    project_to: Sequence[int] | None = None) -> ScalingAnalysis:
-    """Fit the series, project it and derive the scaling-limit findings."""
+                    project_to: Sequence[Target] | None = None) -> ScalingAnalysis:
+    """Fit the series, project it and derive the scaling-limit findings.
+
+    ``project_to`` adds projections: chip counts, or (chips, global batch) pairs. A time-to-train
+    series with the logs' facts (epochs, batch, examples per epoch) uses the time-to-train model
+    (``analyzer/time_to_train.py``)."""
     frame = _validate(frame.copy(), metric)
+    targets = _split_targets(project_to)
+    if metric == "time_to_train_s" and _has_time_to_train_facts(frame):
+        return _analyze_time_to_train(frame, workload, targets)
     unit = "s" if metric.endswith("_s") else "ms"
     categories = [c for c in CATEGORIES if c in frame and frame[c].notna().all()]
     mode = batch_mode(frame)
@@ -268,7 +287,9 @@ def analyze_scaling(frame: pd.DataFrame, metric: str = "step_time_ms", workload:
 
     fits = analyze_scaling_fits(frame, metric)
     measured = _measured_table(frame, metric, categories, cores)
-    projection = _project(fits, _projection_chips(chips, project_to), frame, metric, categories)
+    batches = {c: b for c, b in targets if b is not None}
+    projection = _project(fits, _projection_chips(chips, [c for c, _ in targets]), frame, metric, categories,
+                          batches)
     crossovers = _crossovers(fits, frame, categories)
     growing = _growing(measured, categories)
     holdout = holdout_check(frame, metric) if frame["chips"].nunique() >= 3 else None
@@ -380,16 +401,30 @@ def _projection_chips(chips: np.ndarray, project_to: Sequence[int] | None) -> np
     return np.array(sorted(set(base + [int(c) for c in extra])), dtype=float)
 
 
-def _project(fits, targets, frame, metric, categories) -> pd.DataFrame:
+def _project(fits, targets, frame, metric, categories, batches: dict[int, int] | None = None
+             ) -> pd.DataFrame:
     factors = factors_at(frame, targets)
+    given = np.array([float((batches or {}).get(int(c), np.nan)) for c in targets])
+    if "per_core_batch" in factors and np.isfinite(given).any():
+        # a stated global batch at that scale: its per-core batch drives compute and input
+        factors["per_core_batch"] = np.where(np.isfinite(given), given / (targets * _cores_per_chip(frame)),
+                                             factors["per_core_batch"])
     predictions = predict(fits, targets, factors)
     total = sum(predictions.values())
     out = pd.DataFrame({"chips": targets.astype(int), f"{metric}_est": total})
     for category in categories:
         out[f"{category}_est"] = predictions[category]
         out[f"{category}_share_est"] = predictions[category] / total
-    out["measured"] = out["chips"].isin(set(frame["chips"].astype(int)))
+    out["measured"] = out["chips"].isin(set(frame["chips"].astype(int))) & ~np.isfinite(given)
     out["error_est"] = _relative_error(fits, frame, metric)
+    loo = all(f.loo_error is not None for f in fits.values())
+    out["error_kind"] = "leave-one-out" if loo else "in-sample (too few runs for leave-one-out)"
+    if "per_core_batch" in factors:
+        out["per_core_batch"] = factors["per_core_batch"]
+        out["global_batch"] = factors["per_core_batch"] * targets * _cores_per_chip(frame)
+        out["batch_source"] = np.where(np.isfinite(given), "given", np.where(
+            out["measured"], "measured", projection_assumption(frame)))
+    out["label"] = "estimate"
     cores = targets * _cores_per_chip(frame)
     with np.errstate(divide="ignore", invalid="ignore"):
         if metric == "time_to_train_s":
@@ -400,6 +435,56 @@ def _project(fits, targets, frame, metric, categories) -> pd.DataFrame:
             base = _number(frame.iloc[0], "per_core_batch", 1.0) / frame[metric].iloc[0]
         out["per_core_throughput_rel_est"] = np.where(total > 0, work / base, np.nan)
     return out
+
+
+_TTT_FACTS = ("cores", "epochs", "global_batch", "examples_per_epoch")
+
+
+def _has_time_to_train_facts(frame: pd.DataFrame) -> bool:
+    return all(c in frame and frame[c].notna().all() for c in _TTT_FACTS)
+
+
+def _analyze_time_to_train(frame: pd.DataFrame, workload: str, targets: list[tuple[int, int | None]]
+                           ) -> ScalingAnalysis:
+    """An MLPerf series through the time-to-train model: epochs(batch) x steps x step(b, P) + evals."""
+    from tpuanalyze.analyzer.time_to_train import TimeToTrainModel, projection_table
+
+    metric = "time_to_train_s"
+    benchmark = str(frame["benchmark"].iloc[0]) if "benchmark" in frame else workload
+    model = TimeToTrainModel.fit(frame, benchmark)
+    measured = _measured_table(frame, metric, [], _cores(frame))
+    runs = model.runs
+    measured["step_time_ms"] = runs["step_s"].to_numpy() * 1e3
+    measured["steps"] = runs["steps"].to_numpy()
+    for column in ("eval_s", "lead_s", "partition", "examples_per_epoch"):
+        measured[column] = runs[column].to_numpy()
+    measured["per_core_examples_per_s"] = (runs["epochs"] * runs["examples_per_epoch"] / (
+        runs["time_to_train_s"] * runs["cores"])).to_numpy()
+    chips = sorted({int(c) for c in frame["chips"]})
+    wanted = [(c, None) for c in chips] + [(chips[-1] * 2 ** k, None) for k in range(1, 4)] + targets
+    seen: set[tuple[int, int | None]] = set()
+    wanted = [t for t in wanted if not (t in seen or seen.add(t))]
+    projection = projection_table(model, sorted(wanted, key=lambda t: (t[0], t[1] or 0)))
+    projection["error_kind"] = "leave-one-out"
+    holdout = model.holdout()
+    limits = model.limits()
+    ttt = {
+        "model": "time = epochs(B) x examples/B x (c_P x b + d) + evals x eval(N) + lead (docs/scaling.md)",
+        "label": "estimate",
+        "step": model.step_model_json(),
+        "epochs": model.epochs_model.to_json(),
+        "examples_per_epoch": int(runs["examples_per_epoch"].iloc[-1]),
+        "batch_assumption": model.default_batch(float(chips[-1]) * 2)[1],
+        "leave_one_out": model.leave_one_out(),
+        "loo_error": model.loo_error(),
+        "init_s_outside_time_to_train": [None if pd.isna(v) else float(v) for v in runs.get(
+            "init_s", pd.Series([None] * len(runs)))],
+        "limits": limits,
+    }
+    fits = analyze_scaling_fits(frame, metric)
+    analysis = ScalingAnalysis(workload, metric, "s", batch_mode(frame), measured, fits, projection, {},
+                               None, [], holdout, ttt)
+    return analysis
 
 
 def _number(row: pd.Series, key: str, default: float) -> float:
