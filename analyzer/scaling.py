@@ -189,6 +189,7 @@ class ScalingAnalysis:
     holdout: dict[str, Any] | None   # the largest run predicted from the others
     time_to_train: dict[str, Any] | None = None   # the time-to-train model (MLPerf series), see below
     joined: list[dict] = field(default_factory=list)  # trace runs beside the MLPerf result at their chips
+    model: Any = field(default=None, repr=False)     # the TimeToTrainModel (not in the JSON)
 
     def to_json(self) -> dict:
         """The scaling JSON document (see docs/scaling.md)."""
@@ -482,9 +483,47 @@ def _analyze_time_to_train(frame: pd.DataFrame, workload: str, targets: list[tup
         "limits": limits,
     }
     fits = analyze_scaling_fits(frame, metric)
-    analysis = ScalingAnalysis(workload, metric, "s", batch_mode(frame), measured, fits, projection, {},
-                               None, [], holdout, ttt)
-    return analysis
+    return ScalingAnalysis(workload, metric, "s", batch_mode(frame), measured, fits, projection, {},
+                           None, [], holdout, ttt, model=model)
+
+
+def link_traces_and_logs(analyses: Sequence[ScalingAnalysis], lone: Sequence[pd.DataFrame] = ()) -> None:
+    """One model for traces and logs of a workload: a trace series' measured steps join the step points
+    of the MLPerf series of the same benchmark (its time-to-train projection then uses the logs'
+    epochs(batch) and evals), and every trace run at a logged chip count is shown beside that result."""
+    from tpuanalyze.analyzer.time_to_train import projection_table
+    from tpuanalyze.analyzer.workload_facts import canonical
+
+    logs = [a for a in analyses if a.model is not None]
+    for frame in lone:  # trace runs at a single chip count: only the side-by-side
+        workload = next((str(w) for w in frame.get("workload", pd.Series(dtype=object)).dropna()), "")
+        for log in (a for a in logs if canonical(a.model.workload) == canonical(workload) and workload):
+            log.joined.extend(log.model.join(frame))
+    for trace in (a for a in analyses if a.model is None and a.metric == "step_time_ms"):
+        name = canonical(trace.workload)
+        chips = set(trace.measured["chips"].astype(int))
+        matches = [a for a in logs if canonical(a.model.workload) == name]
+        if not name or not matches:
+            continue
+        log = max(matches, key=lambda a: (len(chips & set(a.measured["chips"].astype(int))), a.workload))
+        joined = log.model.join(trace.measured)
+        log.joined.extend(joined)
+        trace.joined = joined
+        combined = log.model.with_traces(trace.measured)
+        if combined.traces is None:
+            continue
+        batches = combined.traces.set_index(combined.traces["chips"].astype(int))["global_batch"]
+        largest = int(max(chips))
+        batch_at = batches.groupby(level=0).last()
+        targets = [(int(c), int(batch_at.loc[c])) for c in sorted(chips)] + \
+            [(largest * 2 ** k, None) for k in range(1, 4)]
+        rows = projection_table(combined, targets)
+        trace.time_to_train = {
+            "label": "estimate",
+            "model": f"the {log.workload} time-to-train model with these trace runs among its step points",
+            "from_logs": log.workload, "step": combined.step_model_json(),
+            "loo_error_logs": combined.loo_error(), "projection": _records(rows), "joined_mlperf": joined,
+        }
 
 
 def _number(row: pd.Series, key: str, default: float) -> float:

@@ -169,6 +169,7 @@ class TimeToTrainModel:
     workload: str
     epochs_model: EpochsModel
     cores_per_chip: float
+    traces: pd.DataFrame | None = None   # trace runs' measured steps (see trace_points), same model
     notes: list[str] = field(default_factory=list)
 
     @classmethod
@@ -225,7 +226,7 @@ class TimeToTrainModel:
         b = batch_value / cores
         part = partition or self.partition_at(chips, b)
         epochs, epochs_source = self.epochs_model.at(batch_value)
-        model = fit_step_model(self.runs, b, self.workload, batch_value)
+        model = fit_step_model(self.step_points(), b, self.workload, batch_value)
         compute_s, compute_source = model.compute_s(b, part)
         step_s = compute_s + model.d
         examples = float(self.runs["examples_per_epoch"].iloc[-1])
@@ -258,10 +259,51 @@ class TimeToTrainModel:
     def step_model_json(self) -> dict[str, Any]:
         """The step model around the largest run (what the projections past it start from)."""
         last = self.runs.iloc[-1]
-        model = fit_step_model(self.runs, float(last["per_core_batch"]), self.workload,
+        model = fit_step_model(self.step_points(), float(last["per_core_batch"]), self.workload,
                                float(last["global_batch"]))
         return {**model.to_json(), "fixed_split_s": self.fixed_split(model.d),
-                "fixed_split_source": "catalog §2 cost model of the parameter bytes [est], scaled to d"}
+                "fixed_split_source": self.fixed_split_source(),
+                "points": {"logs": len(self.runs), "traces": 0 if self.traces is None else len(self.traces)}}
+
+    def step_points(self) -> pd.DataFrame:
+        """The measured steps the step model is fitted to: the logs' runs and any trace runs."""
+        columns = ["chips", "per_core_batch", "global_batch", "partition", "step_s"]
+        points = self.runs[columns].assign(source="log")
+        if self.traces is not None and not self.traces.empty:
+            points = pd.concat([points, self.traces[columns].assign(source="trace")], ignore_index=True)
+        return points
+
+    def with_traces(self, measured: pd.DataFrame) -> TimeToTrainModel:
+        """The same model with a trace series' measured steps among its step points."""
+        points = trace_points(measured, self.cores_per_chip)
+        return TimeToTrainModel(self.runs, self.workload, self.epochs_model, self.cores_per_chip,
+                                points if not points.empty else None)
+
+    def join(self, measured: pd.DataFrame) -> list[dict[str, Any]]:
+        """Each trace run beside the logged result at its chip count: the trace's step time x the
+        logged steps (+ the logged evals and lead) against the logged time to train."""
+        out = []
+        for _, trace in trace_points(measured, self.cores_per_chip).iterrows():
+            same = self.runs[np.isclose(self.runs["chips"], trace["chips"])]
+            if same.empty:
+                continue
+            logged = same.iloc[-1]
+            train = float(trace["step_s"]) * float(logged["steps"])
+            estimate = train + float(logged["eval_s"]) + float(logged["lead_s"])
+            measured_s = float(logged["time_to_train_s"])
+            out.append({
+                "trace_run": trace["run"], "trace_run_id": trace.get("run_id"),
+                "chips": int(trace["chips"]), "mlperf_run": logged.get("run"),
+                "mlperf_folder": logged.get("folder"), "trace_global_batch": trace["global_batch"],
+                "logged_global_batch": int(logged["global_batch"]),
+                "same_batch": bool(np.isclose(trace["global_batch"], logged["global_batch"])),
+                "trace_step_ms": float(trace["step_s"]) * 1e3,
+                "logged_step_ms_est": float(logged["step_s"]) * 1e3,
+                "logged_steps": float(logged["steps"]), "logged_eval_s": float(logged["eval_s"]),
+                "time_to_train_from_trace_s_est": estimate, "logged_time_to_train_s": measured_s,
+                "difference": (estimate - measured_s) / measured_s, "label": LABEL,
+            })
+        return out
 
     # --- errors -----------------------------------------------------------------------------------
 
@@ -355,15 +397,58 @@ class TimeToTrainModel:
             row["label"] = LABEL
         return out
 
+    def fixed_split_source(self) -> str:
+        if self.traces is not None and (self.traces["fixed_s"] > 0).any():
+            return "the trace runs' measured collectives / weight update / rest of the non-shrinking step"
+        return "catalog §2 cost model of the parameter bytes [est], scaled to d"
+
     def fixed_split(self, d: float) -> dict[str, float]:
-        """d split into all-reduce, weight update and the rest by the cost model [est], scaled to d
-        when the cost model exceeds the fitted value."""
+        """d split into all-reduce, weight update and the rest: as the trace runs measured it when there
+        are any, else by the cost model [est], scaled to d when the cost model exceeds the fitted value."""
+        traces = self.traces
+        if traces is not None and (traces["fixed_s"] > 0).any():
+            fixed = float(traces["fixed_s"].sum())
+            allreduce = d * float(traces["collectives_s"].sum()) / fixed
+            update = d * float(traces["weight_update_s"].sum()) / fixed
+            return {"allreduce_s": allreduce, "weight_update_s": update,
+                    "other_s": max(d - allreduce - update, 0.0)}
         prior = prior_fixed_s(self.workload) or {"allreduce_s": 0.0, "weight_update_s": 0.0}
         total = prior["allreduce_s"] + prior["weight_update_s"]
         shrink = min(1.0, d / total) if total > 0 else 0.0
         allreduce, update = prior["allreduce_s"] * shrink, prior["weight_update_s"] * shrink
         return {"allreduce_s": allreduce, "weight_update_s": update,
                 "other_s": max(d - allreduce - update, 0.0)}
+
+
+SHRINKING = ("compute", "input")                                  # per example (catalog §3.1, §3.8)
+FIXED = ("collectives", "weight_update", "output", "idle", "other")  # per step (catalog §2, §3.2, §3.13)
+
+
+def trace_points(measured: pd.DataFrame, cores_per_chip: float) -> pd.DataFrame:
+    """Trace runs as step points of the model: per-core batch, global batch and the measured step split
+    into its shrinking (compute, input) and non-shrinking categories (collectives, weight update...)."""
+    if measured is None or measured.empty or "per_core_batch" not in measured \
+            or measured["per_core_batch"].isna().all():
+        return pd.DataFrame(columns=["run", "chips", "per_core_batch", "global_batch", "partition", "step_s",
+                                     "compute_s", "fixed_s", "collectives_s", "weight_update_s"])
+    rows = measured[measured["per_core_batch"].notna()].copy()
+    cores = rows["cores"].astype(float) if "cores" in rows and rows["cores"].notna().all() else \
+        rows["chips"].astype(float) * cores_per_chip
+    out = pd.DataFrame({"run": rows["run"].astype(str), "chips": rows["chips"].astype(float)})
+    if "run_id" in rows:
+        out["run_id"] = rows["run_id"]
+    out["per_core_batch"] = rows["per_core_batch"].astype(float)
+    given = rows["global_batch"] if "global_batch" in rows else pd.Series(np.nan, index=rows.index)
+    out["global_batch"] = given.astype(float).fillna(out["per_core_batch"] * cores)
+    out["partition"] = 1
+    out["step_s"] = rows["step_time_ms"].astype(float) / 1e3
+    def total(names):
+        return sum(rows[c].fillna(0).astype(float) for c in names if c in rows) / 1e3 + 0 * out["step_s"]
+    out["compute_s"] = total(SHRINKING)
+    out["fixed_s"] = total(FIXED)
+    out["collectives_s"] = total(("collectives",))
+    out["weight_update_s"] = total(("weight_update",))
+    return out.reset_index(drop=True)
 
 
 def prepare(frame: pd.DataFrame) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.compare import LoadedRun, RunLoader, step_categories_ms
-from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling
+from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling, link_traces_and_logs
 from tpuanalyze.reports.cmd_mlperf import wide_console
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -158,13 +158,31 @@ def render_time_to_train(analysis: ScalingAnalysis, console: Console) -> None:
     _render_joined(analysis, console)
 
 
+def _render_trace_time_to_train(analysis: ScalingAnalysis, console: Console) -> None:
+    """A trace series placed in the time-to-train model of the MLPerf series of its workload."""
+    ttt = analysis.time_to_train
+    if not ttt:
+        return
+    table = Table(title=f"time to train from these traces with {escape(ttt['from_logs'])}'s "
+                        "epochs(batch) and evals (ESTIMATES)")
+    for name in ("chips", "batch", "epochs", "step ms", "time to train s", "error (LOO, logs)"):
+        table.add_column(name, justify="right")
+    for row in ttt["projection"]:
+        table.add_row(str(row["chips"]) + ("" if row["batch_source"] == "given" else " (est)"),
+                      str(row["global_batch"]), _fmt(row["epochs_est"], "{:.1f}"),
+                      _fmt(row["step_time_ms_est"], "{:.2f}"), _fmt(row["time_to_train_s_est"], "{:.1f}"),
+                      _fmt(row["error_est"], "±{:.1%}"))
+    console.print(table)
+    _render_joined(analysis, console)
+
+
 def _render_joined(analysis: ScalingAnalysis, console: Console) -> None:
     if not analysis.joined:
         return
     table = Table(title="trace runs beside the MLPerf result of the same workload and chips")
     for name in ("trace run", "chips", "trace step ms", "logged step ms [est]", "logged steps",
                  "time to train from trace s [est]", "logged time to train s", "difference"):
-        table.add_column(name, justify="left" if name == "trace run" else "right")
+        table.add_column(escape(name), justify="left" if name == "trace run" else "right")
     for row in analysis.joined:
         table.add_row(escape(str(row["trace_run"])), str(row["chips"]), _fmt(row["trace_step_ms"], "{:.2f}"),
                       _fmt(row["logged_step_ms_est"], "{:.2f}"), _fmt(row["logged_steps"], "{:.0f}"),
@@ -175,7 +193,7 @@ def _render_joined(analysis: ScalingAnalysis, console: Console) -> None:
 
 def render(analysis: ScalingAnalysis, console: Console) -> None:
     """Measured runs, fits, projections (estimates), held-out check and findings of one series."""
-    if analysis.time_to_train is not None:
+    if analysis.model is not None:
         render_time_to_train(analysis, console)
         return
     metric, unit = analysis.metric, analysis.unit
@@ -222,6 +240,7 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
         console.print(f"held-out check: fitted on {holdout['fitted_on_chips']} chips, predicts "
                       f"{holdout['predicted']:.3f} {unit} at {holdout['chips']} chips vs measured "
                       f"{holdout['measured']:.3f} ({holdout['relative_error']:+.1%})")
+    _render_trace_time_to_train(analysis, console)
     for finding in analysis.findings:
         gain = finding["estimated_gain"]
         console.print(f"[bold]{finding['rule']}[/bold] ({finding['severity']}): "
@@ -302,6 +321,7 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
         raise TpuAnalyzeError("scaling needs at least 2 runs (trace paths, DB:RUN, --db, or MLPerf logs)")
 
     analyses: list[ScalingAnalysis] = []
+    lone: list[pd.DataFrame] = []
     db_only = db_path is not None and not paths
     if mlperf_paths:
         analyses.extend(mlperf_analyses(mlperf_paths, None, projections))
@@ -315,19 +335,21 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
             runs: list[LoadedRun] = []
             for spec in trace_specs:
                 runs.extend(loader.load(spec, _override_for(spec, overrides)))
-            if len(runs) < 2 and not db_only:
+            if len(runs) < 2 and not db_only and not mlperf_paths:
                 raise TpuAnalyzeError(f"scaling needs at least 2 runs, got {len(runs)}", trace_specs[0])
             # a whole database: one series per workload measured at 2+ chip counts
             groups = _by_workload(runs) if db_only else [runs]
             frames = [trace_series(group, overrides) for group in groups]
         for frame in frames:
-            if db_only and frame["chips"].nunique() < 2:
+            if frame["chips"].nunique() < 2 and (db_only or mlperf_paths):
+                lone.append(frame)  # one chip count: no series, but it can stand beside a logged result
                 continue
             workload = next((str(w) for w in frame["workload"].dropna()), "")
             analyses.append(analyze_scaling(frame.drop(columns=["workload"]), workload=workload,
                                             project_to=projections))
     if not analyses:
         raise TpuAnalyzeError("no workload measured at 2 or more chip counts", str(db_path or ""))
+    link_traces_and_logs(analyses, lone)
     console = wide_console()
     for analysis in analyses:
         render(analysis, console)
