@@ -126,3 +126,71 @@ def test_cli_projection_at_a_stated_batch(shared_mlperf, tmp_path):
 def test_cli_rejects_a_bad_projection(shared_mlperf, value):
     result = _cli("scaling", str(shared_mlperf / "v0.6"), "--project", value)
     assert result.returncode == 2 and "N:BATCH" in result.stderr and result.stderr.count("\n") == 1
+
+
+# --- traces and logs in one model ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def joined_db(shared_mlperf, tmp_path_factory):
+    """Generated ResNet-50 traces at 256 and 512 chips (the v0.6 configurations) and the v0.6 logs in
+    one database."""
+    from tpuanalyze.store.ingest import ingest_paths
+
+    from tpuanalyze import generator
+
+    out = tmp_path_factory.mktemp("ttt-join")
+    traces = {c: generator.generate("resnet50", c, steps=3, hosts=1, seed=1, out=out / f"r{c}")
+              for c in (256, 512)}
+    db = out / "runs.duckdb"
+    ingest_paths(list(traces.values()), db)
+    code, _, stderr = _cli("ingest", str(shared_mlperf / "v0.6"), "--db", str(db))
+    assert code == 0, stderr
+    return db, traces
+
+
+def test_trace_and_mlperf_result_of_one_configuration_are_joined(joined_db, tmp_path):
+    import duckdb
+
+    db, _ = joined_db
+    out = tmp_path / "j.json"
+    result = _cli("scaling", "--db", str(db), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "beside the MLPerf result" in result.stdout
+    series = {s["workload"]: s for s in json.loads(out.read_text())["series"]}
+    rows = {r["chips"]: r for r in series["MLPerf v0.6 resnet"]["joined_mlperf"]}
+    assert sorted(rows) == [256, 512]
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        for chips, row in rows.items():
+            # the trace's step time, straight from the attribution view
+            step_ms = con.execute("SELECT avg(duration_ps) / 1e9 FROM step_breakdown WHERE run_id = ? "
+                                  "AND NOT is_eval", [row["trace_run_id"]]).fetchone()[0]
+            assert row["trace_step_ms"] == pytest.approx(step_ms, rel=1e-9)
+            assert row["same_batch"] and row["logged_global_batch"] == 32768
+            logged = series["MLPerf v0.6 resnet"]["runs"]
+            run = next(r for r in logged if r["chips"] == chips)
+            steps = run["epochs"] * 1_281_167 / 32768       # logged epochs x ImageNet / batch
+            assert row["logged_steps"] == pytest.approx(steps)
+            estimate = step_ms / 1e3 * steps + run["eval_s"] + run["lead_s"]
+            assert row["time_to_train_from_trace_s_est"] == pytest.approx(estimate)
+            logged_s = run["time_to_train_s"]
+            assert row["difference"] == pytest.approx((estimate - logged_s) / logged_s)
+            assert row["label"] == "estimate"
+    finally:
+        con.close()
+    trace = series["resnet50"]
+    assert trace["joined_mlperf"] == series["MLPerf v0.6 resnet"]["joined_mlperf"]
+    ttt = trace["time_to_train"]
+    assert ttt["from_logs"] == "MLPerf v0.6 resnet" and ttt["step"]["points"] == {"logs": 6, "traces": 2}
+    assert ttt["step"]["fixed_split_source"].startswith("the trace runs' measured")
+    assert all(r["label"] == "estimate" and r["time_to_train_s_est"] > 0 for r in ttt["projection"])
+
+
+def test_a_single_trace_run_stands_beside_the_logged_result(joined_db, shared_mlperf, tmp_path):
+    _, traces = joined_db
+    out = tmp_path / "one.json"
+    result = _cli("scaling", str(traces[256]), str(shared_mlperf / "v0.6"), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    series = {s["workload"]: s for s in json.loads(out.read_text())["series"]}
+    rows = series["MLPerf v0.6 resnet"]["joined_mlperf"]
+    assert [r["chips"] for r in rows] == [256] and abs(rows[0]["difference"]) < 0.5
