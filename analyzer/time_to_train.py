@@ -243,18 +243,25 @@ class TimeToTrainModel:
         }
 
     def default_batch(self, chips: float) -> tuple[float, str]:
-        """The batch assumed at a scale no run shows: the logged batch of a run at those chips; else the
-        largest logged global batch (convergence caps it: larger ones need more epochs and were not
-        shown to converge, catalog §3.1), kept below one example per core... while it allows."""
+        """The global batch assumed where none is stated: the logged one at those chips; between runs the
+        batch of the nearest run below (its configuration); past the largest run the largest logged
+        batch, the convergence cap the logs show (larger batches need more epochs, catalog §1/§3.1)."""
         same = self.runs[np.isclose(self.runs["chips"], chips)]
         if not same.empty:
             return float(same["global_batch"].iloc[-1]), "logged at these chips"
         below = self.runs[self.runs["chips"] < chips]
         if below.empty:
-            return float(self.runs["global_batch"].iloc[0]), "smallest run's batch (below every run)"
+            return float(self.runs["global_batch"].iloc[0]), "the smallest run's batch (below every run)"
+        if len(below) < len(self.runs):
+            batch, near = float(below["global_batch"].iloc[-1]), int(below["chips"].iloc[-1])
+            return batch, f"batch {int(batch)} of the nearest run below ({near} chips)"
         largest = float(self.runs["global_batch"].max())
         return largest, (f"largest logged global batch {int(largest)} (the convergence cap seen in the "
                          "logs; larger batches need more epochs, catalog §1/§3.1)")
+
+    def curve(self, chips: np.ndarray) -> pd.DataFrame:
+        """Projections on a grid of chip counts at the assumed batches (for charts), estimates."""
+        return pd.DataFrame([self.predict(float(c)) for c in chips])
 
     def step_model_json(self) -> dict[str, Any]:
         """The step model around the largest run (what the projections past it start from)."""

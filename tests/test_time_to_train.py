@@ -194,3 +194,48 @@ def test_a_single_trace_run_stands_beside_the_logged_result(joined_db, shared_ml
     series = {s["workload"]: s for s in json.loads(out.read_text())["series"]}
     rows = series["MLPerf v0.6 resnet"]["joined_mlperf"]
     assert [r["chips"] for r in rows] == [256] and abs(rows[0]["difference"]) < 0.5
+
+
+def _views(spec: dict) -> list[dict]:
+    children = [c for key in ("layer", "hconcat", "vconcat", "concat") for c in spec.get(key, [])]
+    return [view for child in children for view in _views(child)] if children else [spec]
+
+
+def test_time_to_train_charts_mark_estimates_and_regimes(v06):
+    from tpuanalyze.analyzer.scaling import analyze_scaling
+    from tpuanalyze.reports.scaling_charts import charts_for
+
+    analysis = analyze_scaling(v06["v0.6 ssd"], metric="time_to_train_s", workload="ssd")
+    blocks = charts_for(analysis)
+    assert [t for t, _, _ in blocks] == ["ssd: time to train vs chips", "ssd: per-core throughput",
+                                         "ssd: step split"]
+    for title, caption, chart in blocks:
+        assert "estimate" in caption
+        spec = chart.to_dict()
+        views = _views(spec)
+        assert all("tooltip" in v["encoding"] for v in views), title
+        marks = [v["mark"]["type"] if isinstance(v["mark"], dict) else v["mark"] for v in views]
+        assert "rule" in marks and "point" in marks, (title, marks)
+        for view, mark in zip(views, marks, strict=True):
+            if mark == "line":
+                assert view["mark"]["strokeDash"], title   # projections are dashed: estimates
+    first = blocks[0][2].to_dict()
+    rules = [v for v in _views(first) if isinstance(v["mark"], dict) and v["mark"]["type"] == "rule"]
+    boundary = first["datasets"][rules[0]["data"]["name"]]
+    limits = analysis.time_to_train["limits"]
+    assert {row["chips"] for row in boundary} == {limits["data_parallel_limit_chips"],
+                                                  limits["fixed_passes_compute_chips"]}
+
+
+def test_scaling_page_of_the_v06_logs_renders_without_warnings(shared_mlperf, tmp_path):
+    from tpuanalyze.reports import browser
+
+    if browser.find_chromium() is None:
+        pytest.skip("no chromium to render the page")
+    page = tmp_path / "v06.html"
+    result = _cli("scaling", str(shared_mlperf / "v0.6"), "--html", str(page))
+    assert result.returncode == 0, result.stderr
+    status = browser.render(page).status
+    assert status.get("done") is True and status["errors"] == [] and status["warnings"] == [], status
+    assert status["charts"] == status["rendered"] == 15, status   # 5 series x 3 charts
+    assert "The limit (estimates)" in page.read_text()
