@@ -86,6 +86,7 @@ class EpochsModel:
 
 KERNEL_PER_CORE_BATCH = 2.0   # weight / 4 per octave of per-core batch from the target
 KERNEL_GLOBAL_BATCH = 1.0     # and / 2 per octave of global batch (another batch, another schedule)
+KERNEL_EVAL_CHIPS = 1.0       # time per eval: / 2 per octave of chips (and KERNEL_GLOBAL_BATCH of batch)
 
 
 def _weights(values: np.ndarray, target: float, per_octave: float = 1.0) -> np.ndarray:
@@ -153,12 +154,13 @@ def fit_step_model(runs: pd.DataFrame, target_b: float, workload: str | None,
     prior = prior_fixed_s(workload)
     d = sum(prior.values()) if prior else 0.0
     d = min(d, 0.5 * float(y.min()))        # never more than half the fastest measured step
+    source = "cost model [est]" if prior else "none (no cost model)"
     c = {}
     for g in groups:
         mask = parts == g
         w = scale[mask]
         c[g] = float(np.sum(w * w * b[mask] * (y[mask] - d)) / np.sum(w * w * b[mask] ** 2))
-    return StepModel(c, d, "cost model [est]" if prior else "none (no cost model)", target_b)
+    return StepModel(c, d, source, target_b)
 
 
 @dataclass
@@ -191,14 +193,15 @@ class TimeToTrainModel:
         return part
 
     def eval_s_at(self, chips: float, batch: float, epochs: float) -> float:
-        """Evals x time per eval (a + b/N fitted near the target chips, catalog §3.10)."""
+        """Evals x time per eval (a + b/N fitted near the target chips and batch, catalog §3.10)."""
         runs = self.runs
         evals = runs["eval_count"].to_numpy(dtype=float)
         per_eval = np.where(evals > 0, runs["eval_s"].to_numpy(dtype=float) / np.maximum(evals, 1), 0.0)
         if not (per_eval > 0).any():
             return 0.0
         n = runs["chips"].to_numpy(dtype=float)
-        w = _weights(n, chips)
+        w = _weights(n, chips, KERNEL_EVAL_CHIPS)
+        w = w * _weights(runs["global_batch"].to_numpy(dtype=float), batch, KERNEL_GLOBAL_BATCH)
         if len(n) >= 2 and np.ptp(1 / n) > 0:
             design = np.column_stack([np.ones_like(n), 1 / n])
             (a, b), *_ = np.linalg.lstsq(design * w[:, None], per_eval * w, rcond=None)
@@ -348,11 +351,17 @@ class TimeToTrainModel:
         other = TimeToTrainModel(rest, self.workload, EpochsModel.fit(rest), self.cores_per_chip)
         row = other.predict(largest, float(target["global_batch"]), int(target["partition"]))
         measured = float(target["time_to_train_s"])
+        logged_train = measured - float(target["eval_s"]) - float(target["lead_s"])
+        parts = {"step_ms": (row["step_time_ms_est"], float(target["step_s"]) * 1e3),
+                 "train_s": (row["train_s_est"], logged_train),
+                 "eval_s": (row["eval_s_est"], float(target["eval_s"])),
+                 "epochs": (row["epochs_est"], float(target["epochs"]))}
         return {"chips": int(largest), "fitted_on_chips": [int(c) for c in rest["chips"]],
                 "global_batch": int(target["global_batch"]), "epochs_used": row["epochs_est"],
                 "epochs_source": row["epochs_source"], "predicted": row["time_to_train_s_est"],
                 "measured": measured, "relative_error": (row["time_to_train_s_est"] - measured) / measured,
-                "label": LABEL}
+                "parts_predicted_vs_logged": {k: [float(p), float(m)] for k, (p, m) in parts.items()},
+                "step_fixed_source": row["fixed_source"], "label": LABEL}
 
     # --- the limit (catalog §3.1, §3.13) ----------------------------------------------------------
 
