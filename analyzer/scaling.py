@@ -190,6 +190,7 @@ class ScalingAnalysis:
     time_to_train: dict[str, Any] | None = None   # the time-to-train model (MLPerf series), see below
     joined: list[dict] = field(default_factory=list)  # trace runs beside the MLPerf result at their chips
     model: Any = field(default=None, repr=False)     # the TimeToTrainModel (not in the JSON)
+    limits: dict[str, Any] | None = None             # data-parallel limit, fixed > compute, remedies
 
     def to_json(self) -> dict:
         """The scaling JSON document (see docs/scaling.md)."""
@@ -211,6 +212,7 @@ class ScalingAnalysis:
             "holdout": self.holdout,
             "findings": self.findings,
             "time_to_train": self.time_to_train,
+            "limits": self.limits,
             "joined_mlperf": self.joined,
         }
 
@@ -292,10 +294,12 @@ def analyze_scaling(frame: pd.DataFrame, metric: str = "step_time_ms", workload:
     projection = _project(fits, _projection_chips(chips, [c for c, _ in targets]), frame, metric, categories,
                           batches)
     crossovers = _crossovers(fits, frame, categories)
+    limits = trace_limits(fits, frame)
     growing = _growing(measured, categories)
     holdout = holdout_check(frame, metric) if frame["chips"].nunique() >= 3 else None
     analysis = ScalingAnalysis(workload, metric, unit, mode, measured, fits, projection, crossovers,
                                growing, [], holdout)
+    analysis.limits = limits
     analysis.findings = scaling_findings(analysis)
     return analysis
 
@@ -484,7 +488,7 @@ def _analyze_time_to_train(frame: pd.DataFrame, workload: str, targets: list[tup
     }
     fits = analyze_scaling_fits(frame, metric)
     return ScalingAnalysis(workload, metric, "s", batch_mode(frame), measured, fits, projection, {},
-                           None, [], holdout, ttt, model=model)
+                           None, [], holdout, ttt, model=model, limits=limits)
 
 
 def link_traces_and_logs(analyses: Sequence[ScalingAnalysis], lone: Sequence[pd.DataFrame] = ()) -> None:
@@ -560,6 +564,64 @@ def _crossovers(fits, frame, categories) -> dict[str, float | None]:
         above = np.nonzero(predictions[category] > predictions["compute"])[0]
         out[category] = float(grid[above[0]]) if len(above) else None
     return out
+
+
+SHRINKING = ("compute", "input")   # per example: they shrink with the per-core batch (catalog §3.1, §3.8)
+PARTITION_WAYS = 4                  # the partitioning the v0.6 submissions used past the limit (§1)
+
+
+def trace_limits(fits: dict[str, CategoryFit], frame: pd.DataFrame) -> dict[str, Any] | None:
+    """The limit of a trace series (estimates from the category fits): where the per-core batch reaches
+    1 at the capped global batch (catalog §3.1), where the non-shrinking categories together pass
+    compute + input (§3.13), and the catalog remedies' gains per step at the data-parallel limit."""
+    if "compute" not in fits or "per_core_batch" not in frame or frame["per_core_batch"].isna().any():
+        return None
+    cpc = _cores_per_chip(frame)
+    if "global_batch" in frame and frame["global_batch"].notna().all():
+        cap = float(frame["global_batch"].max())
+    else:
+        cap = float((frame["per_core_batch"] * _cores(frame)).max())
+    largest = float(frame["chips"].max())
+
+    def at(chips: np.ndarray, per_core: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        factors = factors_at(frame, chips)
+        capped = cap / (chips * cpc)
+        factors["per_core_batch"] = np.where(chips > largest, capped, factors["per_core_batch"]) \
+            if per_core is None else per_core
+        return predict(fits, chips, factors)
+
+    grid = np.unique(np.concatenate([np.geomspace(frame["chips"].min(), MAX_PROJECTED_CHIPS, 400),
+                                     frame["chips"].astype(float)]))
+    parts = at(grid)
+    shrinking = sum(parts[c] for c in SHRINKING if c in parts)
+    fixed = sum(v for c, v in parts.items() if c not in SHRINKING)
+    above = np.nonzero(fixed > shrinking)[0]
+    limit = cap / cpc                                        # one example per core
+    chips = float(2 ** round(math.log2(limit)))
+    here = at(np.array([chips]), np.array([cap / (chips * cpc)]))
+    step = float(sum(v[0] for v in here.values()))
+    wider = at(np.array([chips * PARTITION_WAYS]), np.array([cap / (chips * cpc * PARTITION_WAYS)]))
+    remedies = [
+        {"remedy": f"{PARTITION_WAYS}-way model/spatial partitioning", "catalog": "3.1",
+         "at_chips": int(chips * PARTITION_WAYS), "gain_ms": step - float(sum(v[0] for v in wider.values())),
+         "model": f"{PARTITION_WAYS}x the chips at the same global batch; compute and input per example as "
+                  "fitted (perfect partitioning, a bound), the other categories as fitted at those chips"},
+        {"remedy": "weight-update sharding", "catalog": "3.2", "at_chips": int(chips),
+         "gain_ms": float(here.get("weight_update", [0.0])[0]) * (1 - 1 / (chips * cpc)),
+         "model": "update x (1 - 1/N replicas) (catalog §3.2)"},
+        {"remedy": "bf16 gradient all-reduce", "catalog": "3.4", "at_chips": int(chips),
+         "gain_ms": 0.5 * float(here.get("collectives", [0.0])[0]),
+         "model": "half the exposed all-reduce (catalog §3.4)"},
+    ]
+    for remedy in remedies:
+        remedy["fraction"] = remedy["gain_ms"] / step if step else None
+        remedy["label"] = "estimate"
+    return {"label": "estimate", "convergence_cap_batch": int(cap),
+            "data_parallel_limit_chips": int(round(limit)),
+            "data_parallel_limit_rule": "per-core batch reaches 1 at the largest global batch (catalog §3.1)",
+            "fixed_passes_compute_chips": int(round(float(grid[above[0]]))) if len(above) else None,
+            "fixed_passes_compute_rule": "collectives + weight update + output + idle pass compute + input",
+            "at_chips": int(chips), "step_time_ms_est": step, "remedies": remedies}
 
 
 def _growing(measured: pd.DataFrame, categories: list[str]) -> str | None:

@@ -142,20 +142,25 @@ def render_time_to_train(analysis: ScalingAnalysis, console: Console) -> None:
                       f"(batch {holdout['global_batch']}, "
                       f"epochs {holdout['epochs_used']:.2f} {holdout['epochs_source']}) vs logged "
                       f"{holdout['measured']:.1f} s ({holdout['relative_error']:+.1%})")
-    limits = ttt.get("limits")
-    if limits:
-        passes = limits["fixed_passes_compute_chips"]
-        console.print(
-            f"[bold]limit (estimate)[/bold]: global batch capped at {limits['convergence_cap_batch']} -> "
-            f"data parallelism runs out at ~{limits['data_parallel_limit_chips']} chips (1 example per core, "
-            f"catalog §3.1); all-reduce + update + overhead pass compute at "
-            + (f"~{passes} chips" if passes else "no chip count (no fixed step time fitted)"))
-        for remedy in limits["remedies"]:
-            console.print(f"  {remedy['remedy']} (catalog §{remedy['catalog']}) at {remedy['at_chips']} "
-                          "chips: "
-                          f"{remedy['gain_s']:.1f} s = {remedy['fraction']:.1%} of time to train "
-                          f"({remedy['model']}; estimate)")
+    _render_limits(analysis, console)
     _render_joined(analysis, console)
+
+
+def _render_limits(analysis: ScalingAnalysis, console: Console) -> None:
+    limits = analysis.limits
+    if not limits:
+        return
+    passes = limits["fixed_passes_compute_chips"]
+    console.print(
+        f"[bold]limit (estimate)[/bold]: global batch capped at {limits['convergence_cap_batch']} -> "
+        f"data parallelism runs out at ~{limits['data_parallel_limit_chips']} chips (1 example per core, "
+        f"catalog §3.1); all-reduce + update + overhead pass compute at "
+        + (f"~{passes} chips" if passes else "no chip count up to 4M chips"))
+    for remedy in limits["remedies"]:
+        gain = (f"{remedy['gain_s']:.1f} s = {remedy['fraction']:.1%} of time to train" if "gain_s" in remedy
+                else f"{remedy['gain_ms']:.3f} ms = {_fmt(remedy['fraction'], '{:.1%}')} of the step")
+        console.print(f"  {remedy['remedy']} (catalog §{remedy['catalog']}) at {remedy['at_chips']} "
+                      f"chips: {gain} ({escape(remedy['model'])}; estimate)")
 
 
 def _render_trace_time_to_train(analysis: ScalingAnalysis, console: Console) -> None:
@@ -240,6 +245,7 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
         console.print(f"held-out check: fitted on {holdout['fitted_on_chips']} chips, predicts "
                       f"{holdout['predicted']:.3f} {unit} at {holdout['chips']} chips vs measured "
                       f"{holdout['measured']:.3f} ({holdout['relative_error']:+.1%})")
+    _render_limits(analysis, console)
     _render_trace_time_to_train(analysis, console)
     for finding in analysis.findings:
         gain = finding["estimated_gain"]

@@ -175,10 +175,10 @@ _MEASURED, _ESTIMATE, _BOUNDARY = "#e45756", "#4c78a8", "#72b7b2"
 
 
 def _boundaries(analysis: ScalingAnalysis) -> pd.DataFrame:
-    """Regime boundaries of a series (estimates): data-parallel limit and where the non-shrinking step
-    passes compute (time-to-train model), or where a category passes compute (trace fit)."""
+    """Regime boundaries of a series (estimates): the data-parallel limit and where the non-shrinking
+    step passes compute (``analysis.limits``)."""
     rows = []
-    limits = (analysis.time_to_train or {}).get("limits") if analysis.model is not None else None
+    limits = analysis.limits
     if limits:
         cap = limits["convergence_cap_batch"]
         rows.append({"chips": limits["data_parallel_limit_chips"],
@@ -186,19 +186,6 @@ def _boundaries(analysis: ScalingAnalysis) -> pd.DataFrame:
         if limits.get("fixed_passes_compute_chips"):
             rows.append({"chips": limits["fixed_passes_compute_chips"],
                          "boundary": "non-shrinking step > compute"})
-    else:
-        smallest = float(analysis.measured["chips"].min())
-        for category, chips in (analysis.crossovers or {}).items():
-            if chips and chips > smallest:
-                rows.append({"chips": chips, "boundary": f"{_LABELS.get(category, category)} passes compute"})
-        measured = analysis.measured
-        if "global_batch" in measured and measured["global_batch"].notna().all() and \
-                analysis.batch_mode == "fixed-global-batch":
-            cores_per_chip = float((measured["cores"] / measured["chips"]).iloc[-1]) \
-                if "cores" in measured and measured["cores"].notna().all() else 2.0
-            cap = float(measured["global_batch"].max())
-            rows.append({"chips": cap / cores_per_chip,   # one example per core (catalog §3.1)
-                         "boundary": f"data-parallel limit (1 per core at batch {int(cap)})"})
     out = pd.DataFrame(rows, columns=["chips", "boundary"]).sort_values("chips", ignore_index=True)
     out["label_y"] = 4 + 13 * np.arange(len(out))   # pixels from the top: labels never overlap
     return out
