@@ -149,8 +149,9 @@ def summarize(results: pd.DataFrame, intervals: pd.DataFrame | None = None) -> p
             "opt_name": _mode(group["opt_name"]),
             "step_ms_est": float(step_values.mean()) if len(step_values) else None,
             "train_samples": _int_or_none(_mode(group["train_samples"])),
-            **_timeline_means(timeline, good["result_file"]),
-            "examples_per_epoch": _examples_per_epoch(_mode(group["train_samples"]), first["benchmark"]),
+            **_timeline_means(timeline, _counted_files(good, dropped=len(group) - len(good))),
+            "examples_per_epoch": _examples_per_epoch(_mode(group["train_samples"]), first["benchmark"],
+                                                      batch),
             "partition": partition_for(first["version"], first["benchmark"], _int_or_none(first["chips"])),
         })
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
@@ -158,14 +159,27 @@ def summarize(results: pd.DataFrame, intervals: pd.DataFrame | None = None) -> p
                                ignore_index=True)
 
 
+def _counted_files(good: pd.DataFrame, dropped: int) -> pd.Series:
+    """The result files the olympic score averages (see olympic_score): the best dropped, and the worst
+    when no failed run stands for it; all of them when there are too few to drop any."""
+    ordered = good.sort_values("duration_s")["result_file"]
+    if len(ordered) + dropped < 3 or len(ordered) < 2:
+        return ordered
+    return ordered.iloc[1:] if dropped else ordered.iloc[1:-1]
+
+
 def _timeline_means(timeline: pd.DataFrame, files: pd.Series) -> dict[str, float | None]:
+    """Means over the files the time to train counts, so evals and lead match the scored runs."""
     rows = timeline.reindex(files)
     return {k: (float(rows[k].mean()) if rows[k].notna().any() else None)
             for k in ("eval_s", "lead_s", "init_s")}
 
 
-def _examples_per_epoch(logged, benchmark: str) -> int | None:
-    """Logged ``train_samples`` / ``num_train_examples``, else the benchmark's documented constant."""
+def _examples_per_epoch(logged, benchmark: str, batch) -> int | None:
+    """Logged ``train_samples`` / ``num_train_examples``, else the benchmark's documented constant.
+    In BERT logs an "epoch" is a step (catalog §5): one global batch."""
+    if "bert" in str(benchmark).lower():
+        return _int_or_none(batch)
     if logged is not None and not pd.isna(logged):
         return int(logged)
     facts = facts_for(benchmark)
