@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -94,7 +94,7 @@ def _weights(values: np.ndarray, target: float, per_octave: float = 1.0) -> np.n
     return np.exp2(-per_octave * np.abs(np.log2(values / target)))
 
 
-def prior_fixed_s(workload: str | None, cores_per_replica_group: float = 1.0) -> dict[str, float] | None:
+def prior_fixed_s(workload: str | None) -> dict[str, float] | None:
     """Cost-model estimate of the non-shrinking step time [est]: gradient all-reduce of the parameter
     bytes on the 2-D torus (~M/B, catalog §2) and the replicated weight update (§3.2)."""
     facts = facts_for(workload)
@@ -172,7 +172,6 @@ class TimeToTrainModel:
     epochs_model: EpochsModel
     cores_per_chip: float
     traces: pd.DataFrame | None = None   # trace runs' measured steps (see trace_points), same model
-    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def fit(cls, frame: pd.DataFrame, workload: str | None = None) -> TimeToTrainModel:
@@ -217,6 +216,7 @@ class TimeToTrainModel:
         return float(max(one, 0.0) * per_epoch * epochs)
 
     def lead_s_at(self, chips: float) -> float:
+        """run_start to the first block, as in the runs nearest in chips (initialization in the run)."""
         lead = self.runs["lead_s"].fillna(0).to_numpy(dtype=float)
         w = _weights(self.runs["chips"].to_numpy(dtype=float), chips)
         return float(np.sum(w * lead) / np.sum(w))
