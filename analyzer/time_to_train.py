@@ -143,9 +143,19 @@ def fit_step_model(runs: pd.DataFrame, target_b: float, workload: str | None,
                                          KERNEL_GLOBAL_BATCH)
     scale = closeness / y                      # relative residuals, weighted by closeness
     design = np.column_stack([b * (parts == g) for g in groups] + [np.ones_like(b)])
+    rows, target, weight = design, y, scale
+    if "compute_s" in runs and runs["compute_s"].notna().any():
+        # trace points measured the split: compute + input = c_P x b and the rest = d, one equation each
+        split = runs["compute_s"].notna().to_numpy()
+        shrinking = np.column_stack([b * (parts == g) for g in groups] + [np.zeros_like(b)])[split]
+        fixed = np.column_stack([np.zeros_like(b)] * len(groups) + [np.ones_like(b)])[split]
+        rows = np.vstack([design[~split], shrinking, fixed])
+        target = np.concatenate([y[~split], runs["compute_s"].to_numpy(dtype=float)[split],
+                                 runs["fixed_s"].to_numpy(dtype=float)[split]])
+        weight = np.concatenate([scale[~split], scale[split], scale[split]])
     solved = None
-    if len(y) >= len(groups) + 1 and np.linalg.matrix_rank(design) == design.shape[1]:
-        params, *_ = np.linalg.lstsq(design * scale[:, None], y * scale, rcond=None)
+    if len(target) >= len(groups) + 1 and np.linalg.matrix_rank(rows) == rows.shape[1]:
+        params, *_ = np.linalg.lstsq(rows * weight[:, None], target * weight, rcond=None)
         if params[-1] >= 0 and (params[:-1] > 0).all():
             solved = StepModel(dict(zip(groups, map(float, params[:-1]), strict=True)), float(params[-1]),
                                "fitted", target_b)
@@ -280,7 +290,8 @@ class TimeToTrainModel:
         columns = ["chips", "per_core_batch", "global_batch", "partition", "step_s"]
         points = self.runs[columns].assign(source="log")
         if self.traces is not None and not self.traces.empty:
-            points = pd.concat([points, self.traces[columns].assign(source="trace")], ignore_index=True)
+            traces = self.traces[columns + ["compute_s", "fixed_s"]].assign(source="trace")
+            points = pd.concat([points.assign(compute_s=np.nan, fixed_s=np.nan), traces], ignore_index=True)
         return points
 
     def with_traces(self, measured: pd.DataFrame) -> TimeToTrainModel:

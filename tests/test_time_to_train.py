@@ -239,3 +239,26 @@ def test_scaling_page_of_the_v06_logs_renders_without_warnings(shared_mlperf, tm
     assert status.get("done") is True and status["errors"] == [] and status["warnings"] == [], status
     assert status["charts"] == status["rendered"] == 15, status   # 5 series x 3 charts
     assert "The limit (estimates)" in page.read_text()
+
+
+def test_trace_categories_feed_the_step_split(v06):
+    """Trace points carry their measured split (compute + input vs the rest): it moves d, the
+    non-shrinking step, the way the traces say."""
+    model = TimeToTrainModel.fit(v06["v0.6 resnet"])
+    alone = model.step_model_json()["d_s"]
+
+    def traces(fixed_ms: float) -> pd.DataFrame:
+        chips = np.array([256.0, 512.0])
+        per_core = 32768 / (2 * chips)
+        compute = 1.1 * per_core          # ms, proportional to the per-core batch
+        return pd.DataFrame({"run": ["a", "b"], "chips": chips, "cores": 2 * chips,
+                             "per_core_batch": per_core, "global_batch": 32768.0,
+                             "compute": compute, "collectives": fixed_ms, "weight_update": 0.0,
+                             "step_time_ms": compute + fixed_ms})
+
+    lean = model.with_traces(traces(0.0)).step_model_json()
+    heavy = model.with_traces(traces(30.0)).step_model_json()
+    assert lean["points"] == {"logs": 6, "traces": 2}
+    assert lean["d_s"] < alone < heavy["d_s"]
+    assert heavy["fixed_split_source"].startswith("the trace runs' measured")
+    assert heavy["fixed_split_s"]["allreduce_s"] == pytest.approx(heavy["d_s"])   # all of it collectives
