@@ -315,7 +315,7 @@ class TimeToTrainModel:
             out.append({
                 "trace_run": trace["run"], "trace_run_id": trace.get("run_id"),
                 "chips": int(trace["chips"]), "mlperf_run": logged.get("run"),
-                "mlperf_folder": logged.get("folder"), "trace_global_batch": trace["global_batch"],
+                "mlperf_folder": logged.get("folder"), "trace_global_batch": int(trace["global_batch"]),
                 "logged_global_batch": int(logged["global_batch"]),
                 "same_batch": bool(np.isclose(trace["global_batch"], logged["global_batch"])),
                 "trace_step_ms": float(trace["step_s"]) * 1e3,
