@@ -151,14 +151,21 @@ def _render_limits(analysis: ScalingAnalysis, console: Console) -> None:
     if not limits:
         return
     passes = limits["fixed_passes_compute_chips"]
+    smallest = int(analysis.measured["chips"].min())
+    where = ("no chip count up to 4M chips" if not passes else
+             f"{smallest} chips already (the smallest run)" if passes <= smallest else f"~{passes} chips")
     console.print(
         f"[bold]limit (estimate)[/bold]: global batch capped at {limits['convergence_cap_batch']} -> "
         f"data parallelism runs out at ~{limits['data_parallel_limit_chips']} chips (1 example per core, "
-        f"catalog §3.1); all-reduce + update + overhead pass compute at "
-        + (f"~{passes} chips" if passes else "no chip count up to 4M chips"))
+        f"catalog §3.1); all-reduce + update + overhead pass compute at {where}")
     for remedy in limits["remedies"]:
-        gain = (f"{remedy['gain_s']:.1f} s = {remedy['fraction']:.1%} of time to train" if "gain_s" in remedy
-                else f"{remedy['gain_ms']:.3f} ms = {_fmt(remedy['fraction'], '{:.1%}')} of the step")
+        saved = remedy.get("gain_s", remedy.get("gain_ms"))
+        if saved is not None and saved <= 0:
+            gain = "no gain"
+        elif "gain_s" in remedy:
+            gain = f"{remedy['gain_s']:.1f} s = {remedy['fraction']:.1%} of time to train"
+        else:
+            gain = f"{remedy['gain_ms']:.3f} ms = {_fmt(remedy['fraction'], '{:.1%}')} of the step"
         console.print(f"  {remedy['remedy']} (catalog §{remedy['catalog']}) at {remedy['at_chips']} "
                       f"chips: {gain} ({escape(remedy['model'])}; estimate)")
 

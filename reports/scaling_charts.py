@@ -86,7 +86,8 @@ def step_time_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     boundaries = _boundaries(analysis)
     hi = float(analysis.projection["chips"].max())
     boundaries = boundaries[boundaries["chips"] <= hi]
-    return alt.layer(band, line, points, *_rules(boundaries)).properties(
+    lo = float(analysis.measured["chips"].min())
+    return alt.layer(band, line, points, *_rules(boundaries, lo, hi)).properties(
         width=420, height=260,
         title=f"{label} vs chips (dots measured; dashed fitted estimate, shaded its error range)")
 
@@ -200,18 +201,23 @@ def _grid(analysis: ScalingAnalysis, boundaries: pd.DataFrame) -> np.ndarray:
     return np.unique(np.concatenate([lo * np.exp2(np.arange(steps) / 2), analysis.measured["chips"]]))
 
 
-def _rules(boundaries: pd.DataFrame, y_field: str = "value") -> list[alt.Chart]:
+def _rules(boundaries: pd.DataFrame, lo: float, hi: float) -> list[alt.Chart]:
+    """Vertical rules at the boundaries, labelled to the right of the rule in the left part of the
+    axis [lo, hi] and to its left in the right part (labels stay inside the plot)."""
     if boundaries.empty:
         return []
-    rule = alt.Chart(boundaries).mark_rule(color=_BOUNDARY, strokeWidth=2).encode(
-        x=_x(), tooltip=[alt.Tooltip("boundary:N", title="regime boundary (estimate)"),
-                         alt.Tooltip("chips:Q", format="d")])
-    label = alt.Chart(boundaries).mark_text(align="left", dx=4, dy=-4, fontSize=10, color="#2f6f6a",
-                                            angle=0, baseline="top").encode(
-        x=_x(), y=alt.Y("label_y:Q", scale=None, axis=None), text="boundary:N",
-        tooltip=[alt.Tooltip("boundary:N", title="regime boundary (estimate)"),
-                 alt.Tooltip("chips:Q", format="d")])
-    return [rule, label]
+    tooltip = [alt.Tooltip("boundary:N", title="regime boundary (estimate)"),
+               alt.Tooltip("chips:Q", format="d")]
+    layers: list[alt.Chart] = [alt.Chart(boundaries).mark_rule(color=_BOUNDARY, strokeWidth=2).encode(
+        x=_x(), tooltip=tooltip)]
+    position = np.log(boundaries["chips"].astype(float) / lo) / max(np.log(hi / lo), 1e-9)
+    for side, rows in (("left", boundaries[position < 0.6]), ("right", boundaries[position >= 0.6])):
+        if rows.empty:
+            continue
+        layers.append(alt.Chart(rows).mark_text(
+            align=side, dx=4 if side == "left" else -4, fontSize=10, color="#2f6f6a", baseline="top").encode(
+            x=_x(), y=alt.Y("label_y:Q", scale=None, axis=None), text="boundary:N", tooltip=tooltip))
+    return layers
 
 
 def _ttt_frames(analysis: ScalingAnalysis) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -252,7 +258,7 @@ def time_to_train_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
         tooltip=["run:N", alt.Tooltip("chips:Q", format="d"),
                  alt.Tooltip("global_batch:Q", title="global batch", format="d"),
                  alt.Tooltip("time_to_train_s:Q", title="logged time to train [s]", format=".1f")])
-    layers = [band, line, points] + _rules(boundaries)
+    layers = [band, line, points] + _rules(boundaries, curve["chips"].min(), curve["chips"].max())
     return alt.layer(*layers).properties(
         width=420, height=260,
         title="time to train vs chips (dots logged; dashed model estimate, shaded leave-one-out error)")
@@ -273,7 +279,8 @@ def throughput_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
         x=_x(), y=alt.Y("per_core_examples_per_s:Q", scale=alt.Scale(type="log")),
         tooltip=["run:N", alt.Tooltip("chips:Q", format="d"),
                  alt.Tooltip("per_core_examples_per_s:Q", title=f"{title}, logged", format=".1f")])
-    return alt.layer(band, line, points, *_rules(boundaries)).properties(
+    rules = _rules(boundaries, curve["chips"].min(), curve["chips"].max())
+    return alt.layer(band, line, points, *rules).properties(
         width=420, height=260, title="per-core throughput vs chips (dots logged; dashed estimate)")
 
 
@@ -298,7 +305,8 @@ def step_split_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
         x=_x(), y=alt.Y("step_time_ms:Q", scale=alt.Scale(type="log")),
         tooltip=["run:N", alt.Tooltip("chips:Q", format="d"),
                  alt.Tooltip("step_time_ms:Q", title="step from the logs [ms, est]", format=".2f")])
-    return alt.layer(lines, points, *_rules(boundaries)).properties(
+    rules = _rules(boundaries, curve["chips"].min(), curve["chips"].max())
+    return alt.layer(lines, points, *rules).properties(
         width=420, height=260, title="step split (dots: logged step; dashed: the model's two parts)")
 
 
