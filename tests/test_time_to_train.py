@@ -262,3 +262,25 @@ def test_trace_categories_feed_the_step_split(v06):
     assert lean["d_s"] < alone < heavy["d_s"]
     assert heavy["fixed_split_source"].startswith("the trace runs' measured")
     assert heavy["fixed_split_s"]["allreduce_s"] == pytest.approx(heavy["d_s"])   # all of it collectives
+
+
+def test_epochs_model_properties():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.integers(8, 20), min_size=1, max_size=5, unique=True),
+           st.lists(st.floats(1.0, 200.0), min_size=5, max_size=5), st.integers(3, 24))
+    def check(log_batches, epochs, log_target):
+        batches = np.exp2(np.sort(np.array(log_batches, dtype=float)))
+        model = EpochsModel(batches, np.array(epochs[:len(batches)]))
+        value, source = model.at(2.0 ** log_target)
+        assert np.isfinite(value) and value > 0
+        if 2.0 ** log_target > batches[-1]:
+            assert source.startswith("extrapolated") and value >= model.epochs[-1]   # never falling
+        elif 2.0 ** log_target < batches[0]:
+            assert source.startswith("extrapolated") and value == model.epochs[0]
+        else:
+            assert min(model.epochs) <= value <= max(model.epochs)                # between logged values
+
+    check()
