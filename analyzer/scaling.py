@@ -187,7 +187,7 @@ class ScalingAnalysis:
     growing: str | None
     findings: list[dict]
     holdout: dict[str, Any] | None   # the largest run predicted from the others
-    time_to_train: dict[str, Any] | None = None   # the time-to-train model (MLPerf series), see below
+    time_to_train: dict[str, Any] | None = None   # time-to-train model (MLPerf, or traces placed in one)
     joined: list[dict] = field(default_factory=list)  # trace runs beside the MLPerf result at their chips
     model: Any = field(default=None, repr=False)     # the TimeToTrainModel (not in the JSON)
     limits: dict[str, Any] | None = None             # data-parallel limit, fixed > compute, remedies
