@@ -56,10 +56,19 @@ _PARTITIONING = {
 }
 
 
+# Model names inside a trace's workload label (program · model scope · input), most specific first: a
+# ResNet is the backbone of SSD and Mask R-CNN, so "resnet" is looked for last.
+_IN_LABEL = (("mask", "mask"), ("ssd", "ssd"), ("bert", "bert"), ("gnmt", "gnmt"),
+             ("transformer", "transformer"), ("resnet", "resnet"))
+
+
 def canonical(workload: str | None) -> str:
-    """The MLPerf benchmark name of a workload (``resnet50`` -> ``resnet``)."""
+    """The MLPerf benchmark name of a workload: ``resnet50`` -> ``resnet``, and a trace's workload label
+    (``jit_train_step · resnet_model · bf16[...]``) by the model name in it."""
     name = (workload or "").strip().lower()
-    return ALIASES.get(name, name)
+    if name in ALIASES:
+        return ALIASES[name]
+    return next((benchmark for needle, benchmark in _IN_LABEL if needle in name), name)
 
 
 def facts_for(workload: str | None) -> WorkloadFacts | None:

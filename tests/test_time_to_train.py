@@ -178,7 +178,8 @@ def test_trace_and_mlperf_result_of_one_configuration_are_joined(joined_db, tmp_
             assert row["label"] == "estimate"
     finally:
         con.close()
-    trace = series["resnet50"]
+    trace = next(s for s in series.values() if s["metric"] == "step_time_ms")   # the generated traces
+    assert "resnet" in trace["workload"]
     assert trace["joined_mlperf"] == series["MLPerf v0.6 resnet"]["joined_mlperf"]
     ttt = trace["time_to_train"]
     assert ttt["from_logs"] == "MLPerf v0.6 resnet" and ttt["step"]["points"] == {"logs": 6, "traces": 2}
