@@ -20,11 +20,19 @@ import duckdb
 import pandas as pd
 from tpuanalyze.analyzer import attribution
 from tpuanalyze.analyzer.attribution import materialize_run
+from tpuanalyze.analyzer.capture_health import capture_warnings
 from tpuanalyze.analyzer.collectives import collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
-from tpuanalyze.analyzer.steps import CATEGORIES, per_core_frame, per_host_frame, step_times_ms, steps_frame
+from tpuanalyze.analyzer.steps import (
+    CATEGORIES,
+    per_core_frame,
+    per_host_frame,
+    programs_frame,
+    step_times_ms,
+    steps_frame,
+)
 
 from tpuanalyze.errors import TpuAnalyzeError
 
@@ -223,7 +231,7 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     collectives = collectives_frame(con, rel)
     inputs = input_frame(con, rel)
     ops = ops_frame(con, run_id, rel)
-    step_ms = step_times_ms(con, rel)
+    step_ms = step_times_ms(con, rel, keep_warmup=bool(config["warmup"].get("keep")))
     hosts = con.execute("SELECT count(*) FROM hosts WHERE run_id = ?", [int(run_id)]).fetchone()[0]
     devices = int(per_core.shape[0]) if not per_core.empty else int(run.get("num_devices") or 0)
     bd = _breakdown_summary(per_core, per_host)
@@ -241,6 +249,8 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
         "run_id": int(run_id),
         "eval_steps": int(steps.loc[steps["is_eval"]].groupby("step_num", dropna=False).ngroups)
         if not steps.empty else 0,
+        "warmup_steps": int(steps.loc[steps["is_warmup"] & ~steps["is_eval"], "step_num"].nunique())
+        if not steps.empty else 0,
         "across_cores": bd["across_cores"],
         "notes": (["an MLPerf result log, not a trace: nothing to attribute (see `tpuanalyze mlperf`)"]
                   if run.get("source_format") == "mlperf" else _notes(con, run_id, rel, steps)),
@@ -254,6 +264,10 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
                                           run_metadata=run.get("metadata"), infeed_batch=infeed_batch,
                                           first_conv_ms=first_conv_ms)
     summary["findings"] = analysis.findings
+    summary["capture"] = {"warnings": capture_warnings(con, run_id, rel, steps, config)}
+    programs = programs_frame(con, rel)
+    if len(programs) > 1:
+        summary["programs"] = programs.to_dict("records")
     return analysis
 
 

@@ -55,6 +55,8 @@ class RunSection:
     worst_hosts: list[dict]
     top_ops: list[dict]
     charts: dict[str, ChartBlock] = field(default_factory=dict)
+    capture_warnings: list[dict] = field(default_factory=list)
+    programs: list[dict] = field(default_factory=list)
 
 
 @lru_cache(maxsize=1)
@@ -116,6 +118,8 @@ def run_section(index: int, analysis: Any) -> RunSection:
         top_ops=_records(ops.sort_values("self_time_ms", ascending=False).head(15))
         if ops is not None and not ops.empty
         else [],
+        capture_warnings=view.capture_warnings(summary),
+        programs=view.program_rows(summary),
     )
     no_steps = "no device steps in this trace"
     section.charts = {
