@@ -57,7 +57,7 @@ def test_async_pairs_go_where_their_waits_belong(tmp_path: Path) -> None:
     con, run_id = _ingest(tmp_path, [b])
     a = analyze_run(con, run_id)
     bd = a.summary["breakdown"]
-    assert bd["compute"] == pytest.approx(0.3)  # fusion 0-2, wrapped fusion 6-7 (copy-start 0.1-0.2 is under it)
+    assert bd["compute"] == pytest.approx(0.3)  # fusion 0-2 (copy-start 0.1-0.2 under it), wrapped fusion 6-7
     assert bd["memory_transfer"] == pytest.approx(0.4)  # host copy 2-4, host recv 5-6, device copy 7-8
     assert bd["collectives"] == pytest.approx(0.1)  # the wrapped all-gather's wait
     assert bd["idle"] == pytest.approx(0.2)
