@@ -46,12 +46,14 @@ def sql_literal(text: str) -> str:
 
 # Async wrappers: the generic async-start/-update/-done ops of XLA, classified by the wrapped computation.
 _ASYNC_WRAPPER_REGEX = r"^%?async-(start|update|done)([.\-_]|$)"
-# Device memory transfers: async copies (HBM <-> VMEM/host), GPU device-to-device/peer memcpys.
-_MEMORY_TRANSFER_REGEX = (r"^%?(copy-start|copy-done)([.\-_]|$)"
+# Device memory transfers: async copies (HBM <-> VMEM/host), the async dynamic-(update-)slice halves XLA
+# uses for host offloading (XProf's host_offload_utils lists the same op names), GPU device-to-device
+# and peer memcpys.
+_MEMORY_TRANSFER_REGEX = (r"^%?(copy-start|copy-done|dynamic-slice-start|dynamic-slice-done"
+                          r"|dynamic-update-slice-start|dynamic-update-slice-done)([.\-_]|$)"
                           r"|(memcpyd2d|memcpy dtod|memcpyp2p|memcpy ptop|copydevicetodevice|memcpyother)")
-# hlo_category values XProf writes for these ops
-_MEMORY_TRANSFER_CATEGORIES = ("copy-start", "copy-done", "host send", "host recv", "host send-done",
-                               "host recv-done", "host transfer")
+# hlo_category values XProf writes for these ops ("host send"/"host recv" prefix the host/DCN transfers)
+_MEMORY_TRANSFER_CATEGORIES = ("copy-start", "copy-done", "host transfer")
 
 
 def wrapped_sql(name: str = "name", short_name: str = "short_name") -> str:
@@ -63,9 +65,11 @@ def wrapped_sql(name: str = "name", short_name: str = "short_name") -> str:
 
 def host_transfer_sql(name: str = "name") -> str:
     """TRUE where the HLO text says the op moves data between device and host: send/recv with
-    ``is_host_transfer=true``, or a copy whose operand or result lives in host memory space ``S(5)``."""
+    ``is_host_transfer=true``, or an async copy / dynamic-(update-)slice whose operand or result lives in
+    host memory space ``S(5)`` (the host memory label XProf's host-offload view keys on)."""
     return (f"(coalesce(contains({name}, 'is_host_transfer=true'), FALSE) "
-            f"OR coalesce(regexp_matches({name}, 'copy-(start|done)') AND contains({name}, 'S(5)'), FALSE))")
+            f"OR coalesce(regexp_matches({name}, '(copy|dynamic-slice|dynamic-update-slice)-(start|done)') "
+            f"AND contains({name}, 'S(5)'), FALSE))")
 
 
 def collective_kind_sql() -> str:
@@ -75,7 +79,8 @@ def collective_kind_sql() -> str:
     hlo_cat = "lower(coalesce(hlo_category, ''))"
     sname = "lower(short_name)"
     wrapped = "lower(coalesce(wrapped, ''))"
-    arms = ["WHEN coalesce(host_transfer, FALSE) THEN NULL"]
+    arms = [f"WHEN coalesce(host_transfer, FALSE) OR {hlo_cat} LIKE 'host send%' "
+            f"OR {hlo_cat} LIKE 'host recv%' THEN NULL"]
     for kind, regex in _HLO_KIND_REGEX.items():
         cat_name = kind if kind != "send/recv" else "send"
         if kind == "send/recv":
@@ -104,7 +109,8 @@ def op_category_sql(config: dict[str, Any]) -> str:
     mem_cats = "(" + ", ".join(sql_literal(c) for c in _MEMORY_TRANSFER_CATEGORIES) + ")"
     return (
         "CASE WHEN collective_kind IS NOT NULL THEN 'collectives' "
-        f"WHEN coalesce(host_transfer, FALSE) OR {hlo_cat} IN {mem_cats} OR regexp_matches({sname}, {mem}) "
+        f"WHEN coalesce(host_transfer, FALSE) OR {hlo_cat} IN {mem_cats} OR {hlo_cat} LIKE 'host send%' "
+        f"OR {hlo_cat} LIKE 'host recv%' OR regexp_matches({sname}, {mem}) "
         f"OR regexp_matches(lower(coalesce(wrapped, '')), '^%?(copy|copy-start)([._-]|$)') "
         "THEN 'memory_transfer' "
         f"WHEN {hlo_cat} LIKE 'infeed%' OR regexp_matches({sname}, '^%?infeed([.\\-_]|$)') "

@@ -194,3 +194,25 @@ def test_empty_device_planes(tmp_path: Path) -> None:
     warning = next(w for w in a.summary["capture"]["warnings"] if w["code"] == "empty-device-planes")
     assert (warning["empty"], warning["total"]) == (1, 2)
     assert warning["planes"] == [{"host": "host0", "plane": "/device:TPU:1"}]
+
+
+def test_host_sends_are_transfers_device_sends_are_collectives(tmp_path: Path) -> None:
+    """XProf's hlo_category "host send"/"host recv" (host/DCN transfers) vs a device send (send/recv
+    collective); a host-offload dynamic-slice-done (S(5)) is a memory transfer."""
+    b = XSpaceBuilder()
+    core = b.tpu_core(0)
+    core.event("Steps", "0", 0, 10, event_stats={"step_num": 0})
+    _op(core, "send-done.1", 0, 2, "host send",
+        "%send-done.1 = token[] send-done((f32[8], u32[], token[]) %send.1)")
+    _op(core, "send-done.2", 2, 5, "send",
+        "%send-done.2 = token[] send-done((f32[8], u32[], token[]) %send.2)")
+    _op(core, "dynamic-slice-done", 5, 6, "dynamic-slice-done",
+        "%dynamic-slice-done = f32[8]{0} dynamic-slice-done((f32[64]{0:S(5)}, f32[8]{0}) "
+        "%dynamic-slice-start)")
+    con, run_id = _ingest(tmp_path, [b])
+    a = analyze_run(con, run_id)
+    cats = dict(zip(a.ops["name"], a.ops["kind"], strict=True))
+    assert cats == {"send-done.1": "memory_transfer", "send-done.2": "send/recv",
+                    "dynamic-slice-done": "memory_transfer"}
+    assert a.summary["breakdown"]["memory_transfer"] == pytest.approx(0.3)
+    assert a.summary["breakdown"]["collectives"] == pytest.approx(0.3)
