@@ -8,7 +8,10 @@ profiler's own errors and warnings (XSpace ``errors`` / ``warnings``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import math
 from typing import Any
 
 import duckdb
@@ -67,20 +70,88 @@ def _warmup(steps: pd.DataFrame, kept: bool) -> list[dict]:
         steps=nums, step_ms=[float(v) for v in warm_ms], median_ms=median_ms, kept=kept)]
 
 
+def core_details(value: Any) -> dict[int, int | bytes]:
+    """Fields of XProf's CoreDetails message (a TPU device-plane stat, stored base64): 1 hostname,
+    2 device_ordinal, 3 core_num, 4 local_chip_id, 5 global_chip_id, 6 global_core_id. {} if unreadable."""
+    try:
+        data = base64.b64decode(value, validate=True) if isinstance(value, str) else bytes(value)
+    except (binascii.Error, TypeError, ValueError):
+        return {}
+    fields: dict[int, int | bytes] = {}
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        shift = out = 0
+        while i < len(data):
+            b = data[i]
+            i += 1
+            out |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return out
+        raise ValueError("truncated varint")
+
+    try:
+        while i < len(data):
+            key = varint()
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                fields[number] = varint()
+            elif wire == 2:
+                n = varint()
+                fields[number], i = data[i:i + n], i + n
+            else:
+                return {}
+    except ValueError:
+        return {}
+    return fields
+
+
+def _hosts_from_chip_ids(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int, int, int] | None:
+    """A lower bound on the job's hosts from the TPU planes' CoreDetails: global chip ids reach past
+    the written hosts' chips (chips per host = the distinct local chip ids of a written host)."""
+    rows = con.execute(
+        "SELECT host, json_extract_string(stats, '$.core_details') FROM planes "
+        "WHERE run_id = ? AND kind = 'tpu' AND json_extract_string(stats, '$.core_details') IS NOT NULL",
+        [int(run_id)]).fetchall()
+    local: dict[str, set[int]] = {}
+    max_global = -1
+    for host, value in rows:
+        fields = core_details(value)
+        if not fields:
+            continue
+        local.setdefault(host, set()).add(int(fields.get(4, 0)))
+        max_global = max(max_global, int(fields.get(5, 0)))
+    if not local or max_global < 0:
+        return None
+    per_host = max(len(chips) for chips in local.values())
+    return math.ceil((max_global + 1) / per_host), max_global, per_host
+
+
 def _stated_hosts(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int | None, str | None]:
-    """The job's host count where the capture states it: the hostnames listed in the XSpaces, or a
-    host/task count stat on a plane (e.g. Task Environment). None when the trace does not say."""
+    """The job's host count where the capture states it: the hostnames listed in the XSpaces, a
+    host/task count stat on a plane (e.g. Task Environment), or (a lower bound) the TPU planes' global
+    chip ids. None when the trace does not say."""
     named = con.execute(
         "SELECT count(DISTINCT h) FROM (SELECT unnest(hostnames) AS h FROM hosts WHERE run_id = ?) "
         "WHERE h <> ''", [int(run_id)]).fetchone()[0]
     best, source = (int(named), "XSpace hostnames") if named else (None, None)
     for (stats,) in con.execute(
-            "SELECT stats FROM planes WHERE run_id = ? AND stats IS NOT NULL", [int(run_id)]).fetchall():
+            # only the profiler's Task Environment plane: /host:metadata stats are the generator's own
+            "SELECT stats FROM planes WHERE run_id = ? AND name = 'Task Environment' AND stats IS NOT NULL",
+            [int(run_id)]).fetchall():
         values = json.loads(stats) if isinstance(stats, str) else stats
         for key in _HOST_COUNT_STATS:
             value = values.get(key) if isinstance(values, dict) else None
             if isinstance(value, (int, float)) and value > 0 and (best is None or value > best):
                 best, source = int(value), f"plane stat {key}"
+    by_chips = _hosts_from_chip_ids(con, run_id)
+    if by_chips is not None and (best is None or by_chips[0] > best):
+        hosts, max_chip, per_host = by_chips
+        best = hosts
+        source = (f"the TPU planes' global chip ids (core_details) reach chip {max_chip} with {per_host} "
+                  f"chips per host: at least {hosts} hosts (or processes)")
     return best, source
 
 
@@ -91,8 +162,8 @@ def _hosts_missing(con: duckdb.DuckDBPyConnection, run_id: int) -> list[dict]:
         return []
     return [_warning(
         "hosts-missing",
-        f"{written} of the job's {stated} hosts were written ({source}); cross-host figures (stragglers, "
-        "skew, the worst host) cover only the hosts written",
+        f"{written} host file(s) written, the job has {stated} ({source}); cross-host figures "
+        "(stragglers, skew, the worst host) cover only the hosts written",
         hosts_written=int(written), hosts_stated=stated, source=source)]
 
 

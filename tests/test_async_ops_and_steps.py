@@ -216,3 +216,17 @@ def test_host_sends_are_transfers_device_sends_are_collectives(tmp_path: Path) -
                     "dynamic-slice-done": "memory_transfer"}
     assert a.summary["breakdown"]["memory_transfer"] == pytest.approx(0.3)
     assert a.summary["breakdown"]["collectives"] == pytest.approx(0.3)
+
+
+def test_sampled_generated_run_reports_hosts_missing(tmp_path: Path) -> None:
+    """A generated 16-chip slice (4 hosts of 4 chips) with 2 hosts written: the last host's TPU planes
+    carry global chip ids 12-15 (core_details, as a real capture's do), so the job has >= 4 hosts."""
+    from tpuanalyze import generator
+
+    run_dir = generator.generate("resnet50", chips=16, steps=3, hosts=2, seed=0, out=tmp_path / "gen")
+    db = tmp_path / "gen.duckdb"
+    run_id = ingest_paths([run_dir], db).run_ids[0]
+    a = analyze_run(duckdb.connect(str(db)), run_id)
+    warning = next(w for w in a.summary["capture"]["warnings"] if w["code"] == "hosts-missing")
+    assert (warning["hosts_written"], warning["hosts_stated"]) == (2, 4)
+    assert "core_details" in warning["source"]

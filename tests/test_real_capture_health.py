@@ -126,3 +126,9 @@ def test_bundled_jax_cpu_warmup(sample_traces: Path, tmp_path: Path, capture: st
     if slow_first:
         assert a.summary["step_time_ms"]["max"] < per_step.iloc[0] / 1e9
         assert a.summary["steps"] == len(per_step) - 1
+
+
+def test_v6e_global_chip_ids_say_the_job_is_larger(v6e) -> None:
+    """The v6e host's 4 chips are global chips 4-7 (core_details): the job spans >= 2 hosts, 1 written."""
+    warning = _codes(v6e)["hosts-missing"]
+    assert (warning["hosts_written"], warning["hosts_stated"]) == (1, 2)
