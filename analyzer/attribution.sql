@@ -180,6 +180,7 @@ WITH device_list AS (
     SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
     FROM events e
     WHERE $run_filter AND e.plane LIKE '/host:%' AND e.duration_ps > 0
+      AND e.name ILIKE '%compil%'  -- cheap prefilter: every compile event name has it
       AND regexp_matches(lower(e.name), $pat_compile)
 ), compile_overlap AS (
     -- the longest single compile event inside the step (compile events nest: never summed)

@@ -55,6 +55,10 @@ def test_every_shared_trace_analyzes(shared_db: duckdb.DuckDBPyConnection) -> No
     for run in doc["runs"]:
         assert set(run) >= {"run", "device_type", "hosts", "devices", "steps", "step_time_ms", "breakdown",
                             "collectives_overlapped", "findings", "notes"}
+        codes = {w["code"] for w in run["capture"]["warnings"]}
+        assert codes <= {"empty-device-planes", "warmup-step", "hosts-missing", "clock-skew", "truncated",
+                         "profiler-error", "profiler-warning"}, run["run"]
+        assert all(w["message"] for w in run["capture"]["warnings"])
         total = sum(run["breakdown"].values())
         if run["steps"]:
             assert total == pytest.approx(1.0, abs=1e-6), run["run"]
