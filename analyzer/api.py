@@ -103,15 +103,24 @@ def _notes(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
         notes.append("no steps: no Steps line, no XLA module executions and no step annotations (step_num)")
     else:
         sources = sorted(set(steps["step_source"]))
+        programs = sorted(set(steps["program"].dropna())) if "program" in steps else []
+        program = f" ({programs[0]})" if len(programs) == 1 else ""
         if "xla_modules" in sources:
-            notes.append("no Steps line: each XLA module execution on a device is treated as one step")
+            notes.append(f"no Steps line: each execution of the dominant XLA program{program} on a device is "
+                         "treated as one step")
+        if "program_launches" in sources:
+            notes.append(f"no Steps line and no XLA Modules line: each execution of the dominant program"
+                         f"{program} (its device ops launched inside one host execute call) is one step")
+        if "group_id" in sources:
+            notes.append("no Steps line: device ops grouped by the profiler's group_id, one step per group")
         if "op_span" in sources:
             notes.append("no steps: no Steps line, no XLA module executions and no step annotations "
                          "(step_num); each device's op span is treated as one step")
         if "step_annotation" in sources and not is_kineto:
             notes.append("steps from host step annotations (StepTraceAnnotation step_num); input = time from "
                          "the step's start to its first program dispatch")
-        if not has_steps_line and has_dev and not {"xla_modules", "op_span"} & set(sources):
+        if not has_steps_line and has_dev and not {"xla_modules", "op_span", "program_launches",
+                                                    "group_id"} & set(sources):
             notes.append("no Steps line on the device planes")
         if not (~steps["is_eval"]).any():
             notes.append("no train steps: only eval steps")

@@ -16,6 +16,9 @@ SELECT r.run_id,
        EXISTS (SELECT 1 FROM events e
                WHERE e.run_id = r.run_id AND e.line = 'Steps'
                  AND (e.plane LIKE '/device:%')) AS has_steps_line,
+       EXISTS (SELECT 1 FROM events e
+               WHERE e.run_id = r.run_id AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%')
+           AS has_modules_line,
        -- device ops grouped into steps by the profiler (group_id stat, e.g. TF GPU traces)
        EXISTS (SELECT 1 FROM events e
                WHERE e.run_id = r.run_id AND e.group_id IS NOT NULL AND e.duration_ps > 0
@@ -36,7 +39,7 @@ WITH raw AS MATERIALIZED (
     SELECT e.run_id, e.host, e.device_ordinal AS device, e.plane, e.line, e.name,
            coalesce(nullif(e.display_name, ''), e.name) AS short_name,
            e.hlo_category, e.hlo_module, e.program_id, e.tf_op, e.shape, e.flops, e.bytes_accessed,
-           e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE AS on_host
+           e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE AS on_host, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
     WHERE $run_filter AND r.has_device_planes
@@ -52,7 +55,7 @@ WITH raw AS MATERIALIZED (
            coalesce(e.hlo_module, json_extract_string(e.stats, '$.hlo_module')),
            coalesce(e.program_id, TRY_CAST(json_extract_string(e.stats, '$.program_id') AS UBIGINT)),
            e.tf_op, e.shape, e.flops, e.bytes_accessed,
-           e.start_ps, e.duration_ps, e.group_id, e.step_num, TRUE
+           e.start_ps, e.duration_ps, e.group_id, e.step_num, TRUE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
     WHERE $run_filter AND NOT r.has_device_planes
@@ -62,7 +65,7 @@ WITH raw AS MATERIALIZED (
     UNION ALL
     SELECT e.run_id, e.host, coalesce(TRY_CAST(json_extract_string(e.stats, '$.device') AS INTEGER), 0),
            e.plane, e.line, e.name, e.name, e.hlo_category, e.hlo_module, e.program_id, e.tf_op, e.shape,
-           e.flops, e.bytes_accessed, e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE
+           e.flops, e.bytes_accessed, e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
     WHERE $run_filter AND r.is_kineto
@@ -87,7 +90,7 @@ SELECT r.run_id, r.host, r.device, r.line,
        CASE WHEN c.category IN ('collectives', 'input') THEN r.name END AS name,
        r.short_name, r.hlo_category, r.hlo_module, r.tf_op, r.shape, r.flops, r.bytes_accessed,
        r.start_ps, r.duration_ps, c.collective_kind, c.category, c.is_container, c.wrapped, c.host_transfer,
-       r.group_id
+       r.group_id, r.correlation_id
 FROM raw r
 JOIN classified c
   ON r.short_name IS NOT DISTINCT FROM c.short_name AND r.hlo_category IS NOT DISTINCT FROM c.hlo_category
@@ -99,14 +102,41 @@ WHERE r.line <> 'Async XLA Ops' OR c.collective_kind IS NOT NULL;
 -- stage: att_programs
 -- One row per program execution on a device: the `XLA Modules` line (program = the XLA module name
 -- with its fingerprint, e.g. `jit_f(1219...)`). A trace may run several programs (init, a psum, the
--- train step, eval); only one of them forms the step series (att_steps).
-SELECT e.run_id, e.host, e.device_ordinal AS device,
-       coalesce(nullif(e.hlo_module, ''), e.name) AS program, e.program_id,
-       e.start_ps, e.start_ps + e.duration_ps AS end_ps,
-       regexp_matches(lower(coalesce(nullif(e.hlo_module, ''), e.name)), $pat_eval_program) AS named_eval
-FROM events e JOIN $att_runs r USING (run_id)
-WHERE $run_filter AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
-  AND e.duration_ps > 0;
+-- train step, eval); only one of them forms the step series (att_steps). Without an XLA Modules line
+-- (GPU traces of JAX), an execution is the device ops of one module launched inside one host execute
+-- call: device op -> the host launch event with its correlation_id -> the innermost host dispatch
+-- event ($pat_dispatch or GpuExecutable::ExecuteThunks) whose span holds that launch.
+WITH modules AS (
+    SELECT e.run_id, e.host, e.device_ordinal AS device,
+           coalesce(nullif(e.hlo_module, ''), e.name) AS program, e.program_id,
+           e.start_ps, e.start_ps + e.duration_ps AS end_ps, 'xla_modules' AS source
+    FROM events e JOIN $att_runs r USING (run_id)
+    WHERE $run_filter AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
+      AND e.duration_ps > 0
+), launched AS (
+    SELECT o.run_id, o.host, o.device, o.hlo_module AS program, o.start_ps, o.duration_ps, l.start_ps AS launch_ps
+    FROM $att_ops o JOIN $att_runs r USING (run_id)
+    JOIN events l ON l.run_id = o.run_id AND l.host = o.host AND l.correlation_id = o.correlation_id
+    WHERE r.has_device_planes AND NOT r.has_modules_line AND NOT r.has_steps_line AND NOT r.has_group_ids
+      AND o.hlo_module IS NOT NULL AND o.correlation_id IS NOT NULL AND l.plane LIKE '/host:%'
+), dispatch AS (
+    SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
+    FROM events e
+    WHERE $run_filter AND e.plane LIKE '/host:%' AND e.duration_ps > 0
+      AND e.run_id IN (SELECT run_id FROM launched)
+      AND (regexp_matches(e.name, $pat_dispatch) OR e.name = 'GpuExecutable::ExecuteThunks')
+), keyed AS (
+    SELECT l.run_id, l.host, l.device, l.program, l.start_ps, l.duration_ps, max(d.start_ps) AS exec_key
+    FROM launched l JOIN dispatch d
+      ON d.run_id = l.run_id AND d.host = l.host AND d.start_ps <= l.launch_ps AND d.end_ps >= l.launch_ps
+    GROUP BY ALL
+), launches AS (
+    SELECT run_id, host, device, program, CAST(NULL AS UBIGINT), min(start_ps), max(start_ps + duration_ps),
+           'program_launches'
+    FROM keyed GROUP BY run_id, host, device, program, exec_key
+)
+SELECT *, regexp_matches(lower(program), $pat_eval_program) AS named_eval
+FROM (SELECT * FROM modules UNION ALL SELECT * FROM launches);
 
 -- stage: att_steps
 -- One row per device step, found as XProf finds them: the Steps line on device planes; else device ops
@@ -144,7 +174,7 @@ WITH device_list AS (
 ), module_steps AS (
     SELECT p.run_id, p.host, p.device,
            row_number() OVER (PARTITION BY p.run_id, p.host, p.device ORDER BY p.start_ps) - 1,
-           p.start_ps, p.end_ps, FALSE, 'xla_modules', CAST(NULL AS INTEGER), p.program
+           p.start_ps, p.end_ps, FALSE, p.source, CAST(NULL AS INTEGER), p.program
     FROM $att_programs p JOIN $att_runs r USING (run_id) JOIN dominant d USING (run_id, program)
     WHERE NOT r.has_steps_line AND NOT r.has_group_ids
 ), host_steps AS (

@@ -65,7 +65,8 @@ def _warmup(steps: pd.DataFrame, kept: bool) -> list[dict]:
     return [_warning(
         "warmup-step",
         f"warm-up step{'s' if len(nums) > 1 else ''} {', '.join(map(str, nums))} "
-        f"({', '.join(f'{v:.1f} ms' for v in warm_ms)}{med}) include compilation or start-up; "
+        f"({', '.join(f'{v:.1f} ms' for v in warm_ms)}{med}) {'include' if len(nums) > 1 else 'includes'} "
+        "compilation or start-up; "
         f"{what} step-time statistics" + ("" if kept else " (`--keep-warmup` keeps them)"),
         steps=nums, step_ms=[float(v) for v in warm_ms], median_ms=median_ms, kept=kept)]
 

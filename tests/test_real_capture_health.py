@@ -132,3 +132,21 @@ def test_v6e_global_chip_ids_say_the_job_is_larger(v6e) -> None:
     """The v6e host's 4 chips are global chips 4-7 (core_details): the job spans >= 2 hosts, 1 written."""
     warning = _codes(v6e)["hosts-missing"]
     assert (warning["hosts_written"], warning["hosts_stated"]) == (1, 2)
+
+
+def test_jax_gpu_steps_are_program_executions(shared_traces: Path, tmp_path: Path) -> None:
+    """MI355X JAX capture: no Steps nor XLA Modules line; its 5 host execute calls of jit_loss_fn
+    (GpuExecutable::ExecuteThunks) are the 5 steps, found through the kernels' correlation ids."""
+    a = _analyze(shared_traces / "real" / "gpu_mi355x_jax_te_fused_attn.xplane.pb", tmp_path)
+    assert set(a.steps["step_source"]) == {"program_launches"}
+    assert set(a.steps["program"]) == {"jit_loss_fn"} and a.summary["steps"] == 5
+    assert any("dominant program (jit_loss_fn)" in n for n in a.summary["notes"])
+
+
+def test_eager_jax_gpu_steps_hold_one_program(shared_traces: Path, tmp_path: Path) -> None:
+    """MI300X eager JAX ops: thirteen programs; the step series is the one with most device time."""
+    a = _analyze(shared_traces / "real" / "gpu_mi300x_jax08_attention.xplane.pb", tmp_path)
+    assert a.steps["program"].nunique() == 1
+    assert len(a.summary["programs"]) > 5
+    step_program = [p for p in a.summary["programs"] if p["is_step_program"]]
+    assert len(step_program) == 1 and step_program[0]["program"] == a.steps["program"].iloc[0]
