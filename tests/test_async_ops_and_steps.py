@@ -230,3 +230,24 @@ def test_sampled_generated_run_reports_hosts_missing(tmp_path: Path) -> None:
     warning = next(w for w in a.summary["capture"]["warnings"] if w["code"] == "hosts-missing")
     assert (warning["hosts_written"], warning["hosts_stated"]) == (2, 4)
     assert "core_details" in warning["source"]
+
+
+def test_trace_json_at_its_event_limit_is_truncated(tmp_path: Path) -> None:
+    """A trace.json holding exactly the export limit of events lost the rest: `truncated`. The limit is
+    TF/JAX's 1M; the test sets it to this file's 40 events (thresholds `capture.trace_json_event_limit`)."""
+    import gzip
+    import json
+
+    events = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+              {"ph": "M", "pid": 1, "tid": 2, "name": "thread_name", "args": {"name": "python"}}]
+    events += [{"ph": "X", "pid": 1, "tid": 2, "ts": 100.0 * i, "dur": 50.0, "name": f"work{i}"}
+               for i in range(40)]
+    path = tmp_path / "host0.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    db = tmp_path / "json.duckdb"
+    run_id = ingest_paths([path], db).run_ids[0]
+    con = duckdb.connect(str(db))
+    capped = analyze_run(con, run_id, {"capture": {"trace_json_event_limit": 40}})
+    warning = next(w for w in capped.summary["capture"]["warnings"] if w["code"] == "truncated")
+    assert warning["event_limit"] == 40 and warning["hosts"] == ["host0"]
+    assert "truncated" not in _codes(analyze_run(con, run_id))  # 40 events are far below 1M
