@@ -16,7 +16,7 @@ import pandas as pd
 
 from tpuanalyze.errors import TpuAnalyzeError
 
-IN_STEP_CATEGORIES = ["compute", "weight_update", "collectives", "input", "output", "idle"]
+IN_STEP_CATEGORIES = ["compute", "weight_update", "collectives", "memory_transfer", "input", "output", "idle"]
 _DB_SUFFIXES = (".duckdb", ".db", ".ddb")
 
 # Where a trace may state its topology and batch: plane stats (e.g. a '/host:metadata' or 'Task
@@ -234,6 +234,9 @@ def step_categories_ms(analysis: Any) -> dict[str, float]:
     """Mean train-step time and each in-step category in ms per step (devices pooled)."""
     steps = analysis.steps
     train = steps[~steps["is_eval"].astype(bool)] if not steps.empty else steps
+    if "is_warmup" in train and not train.empty:  # warm-up steps stay out, as in step_time_ms
+        warm = train["is_warmup"].astype(bool)
+        train = train[~warm] if not warm.all() else train
     if train.empty:
         mean = (analysis.summary.get("step_time_ms") or {}).get("mean")
         if mean is None:
@@ -244,7 +247,8 @@ def step_categories_ms(analysis: Any) -> dict[str, float]:
                 **{c: float(mean) * breakdown.get(c, 0.0) / in_step for c in IN_STEP_CATEGORIES}}
     out = {"step_time_ms": float(train["duration_ps"].mean()) / 1e9}
     for category in IN_STEP_CATEGORIES:
-        out[category] = float(train[f"{category}_ps"].fillna(0).mean()) / 1e9
+        column = f"{category}_ps"
+        out[category] = float(train[column].fillna(0).mean()) / 1e9 if column in train else 0.0
     out["collectives_overlapped"] = float(train["collectives_overlapped_ps"].fillna(0).mean()) / 1e9
     return out
 
