@@ -48,10 +48,11 @@ def sql_literal(text: str) -> str:
 _ASYNC_WRAPPER_REGEX = r"^%?async-(start|update|done)([.\-_]|$)"
 # Device memory transfers: async copies (HBM <-> VMEM/host), the async dynamic-(update-)slice halves XLA
 # uses for host offloading (XProf's host_offload_utils lists the same op names), GPU device-to-device
-# and peer memcpys.
+# and peer memcpys (ROCm runs hipMemcpyDtoD as its `__amd_rocclr_copyBuffer` kernel).
 _MEMORY_TRANSFER_REGEX = (r"^%?(copy-start|copy-done|dynamic-slice-start|dynamic-slice-done"
                           r"|dynamic-update-slice-start|dynamic-update-slice-done)([.\-_]|$)"
-                          r"|(memcpyd2d|memcpy dtod|memcpyp2p|memcpy ptop|copydevicetodevice|memcpyother)")
+                          r"|(memcpyd2d|memcpy dtod|memcpyp2p|memcpy ptop|copydevicetodevice|memcpyother"
+                          r"|rocclr_copybuffer)")
 # hlo_category values XProf writes for these ops ("host send"/"host recv" prefix the host/DCN transfers)
 _MEMORY_TRANSFER_CATEGORIES = ("copy-start", "copy-done", "host transfer")
 
