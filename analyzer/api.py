@@ -269,14 +269,15 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     host_work = host_input_work(con, run_id, config, rel)
     infeed_batch, first_conv_ms = _batch_and_first_conv(con, rel)
     summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
-    analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
-                                          run_metadata=run.get("metadata"), infeed_batch=infeed_batch,
-                                          first_conv_ms=first_conv_ms)
-    summary["findings"] = analysis.findings
+    # before the findings, so a rule can read what the capture lacks
     summary["capture"] = {"warnings": capture_warnings(con, run_id, rel, steps, config)}
     programs = programs_frame(con, rel)
     if len(programs) > 1:
         summary["programs"] = programs.to_dict("records")
+    analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
+                                          run_metadata=run.get("metadata"), infeed_batch=infeed_batch,
+                                          first_conv_ms=first_conv_ms)
+    summary["findings"] = analysis.findings
     return analysis
 
 

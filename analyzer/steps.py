@@ -58,7 +58,7 @@ def step_times_ms(con: duckdb.DuckDBPyConnection, rel: dict[str, str],
 def programs_frame(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) -> pd.DataFrame:
     """One row per program (XLA module) executed on the devices: executions and their duration per
     device, and whether it is the step program (docs/json.md `programs`). Empty without an XLA Modules
-    line."""
+    line or launched program executions (att_programs)."""
     return con.execute(
         f"""WITH steps AS (SELECT DISTINCT program FROM {rel['att_steps']} WHERE program IS NOT NULL)
             SELECT p.program, count(DISTINCT (p.host, p.device)) AS devices,
