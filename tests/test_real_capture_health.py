@@ -112,11 +112,12 @@ def test_shared_jax_cpu_warmup_left_out(shared_traces: Path, tmp_path: Path, cap
     assert _codes(kept)["warmup-step"]["kept"] is True
 
 
-@pytest.mark.parametrize("capture", ["single_jit_train", "pmap8_train_eval", "pmap8_input_bound"])
+@pytest.mark.parametrize("capture", ["single_jit_train", "pmap8_train_eval", "pmap8_input_bound",
+                                     "single_jit_cold"])
 def test_bundled_jax_cpu_warmup(sample_traces: Path, tmp_path: Path, capture: str) -> None:
-    """The bundled captures compiled every program before the trace started (their README): a first
-    step much slower than the median is still flagged and left out; a first step within the warm-up
-    factor is not called warm-up."""
+    """The bundled steady-state captures compiled every program before the trace started (their
+    README): a first step much slower than the median is still flagged and left out; a first step
+    within the warm-up factor is not called warm-up. `single_jit_cold` compiles in step 0."""
     a = _analyze(sample_traces / "jax_cpu" / capture, tmp_path)
     train = a.steps[~a.steps["is_eval"]]
     per_step = train.groupby("step_num")["duration_ps"].mean()
@@ -126,6 +127,10 @@ def test_bundled_jax_cpu_warmup(sample_traces: Path, tmp_path: Path, capture: st
     if slow_first:
         assert a.summary["step_time_ms"]["max"] < per_step.iloc[0] / 1e9
         assert a.summary["steps"] == len(per_step) - 1
+    if capture == "single_jit_cold":
+        assert codes["warmup-step"]["steps"] == [0]
+        warning = codes["warmup-step"]
+        assert warning["step_ms"][0] > 10 * warning["median_ms"]  # compiling takes far longer than a step
 
 
 def test_v6e_global_chip_ids_say_the_job_is_larger(v6e) -> None:
