@@ -297,7 +297,14 @@ def capture_warnings(summary: dict) -> list[dict]:
 
 def program_rows(summary: dict) -> list[dict]:
     """Per-program statistics (docs/json.md `programs`), present when a trace runs several programs."""
-    return [p for p in summary.get("programs") or [] if isinstance(p, dict)]
+    rows = []
+    for program in summary.get("programs") or []:
+        if isinstance(program, dict):
+            runs = program.get("executions_per_device")
+            if _is_number(runs) and float(runs).is_integer():  # 100, not 100.0
+                program = {**program, "executions_per_device": int(runs)}
+            rows.append(program)
+    return rows
 
 
 def format_ms(value: Any) -> str:
