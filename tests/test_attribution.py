@@ -107,11 +107,12 @@ def test_views_match_the_run_tables(tmp_path: Path) -> None:
 
 # --- property: the SQL sweep equals a brute-force per-instant attribution ----------------------------
 
-PRIORITY = ("weight_update", "compute", "collectives", "input", "output")
+PRIORITY = ("weight_update", "compute", "collectives", "memory_transfer", "input", "output")
 OP_FOR = {  # category -> (short name, hlo_category, tf_op)
     "weight_update": ("fusion", "loop fusion", "train/optimizer/update"),
     "compute": ("fusion", "convolution fusion", None),
     "collectives": ("all-reduce", "all-reduce", None),
+    "memory_transfer": ("copy-done", "copy-done", None),
     "input": ("infeed", "infeed", None),
     "output": ("outfeed", "outfeed", None),
 }
