@@ -8,8 +8,6 @@ profiler's own errors and warnings (XSpace ``errors`` / ``warnings``).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 from typing import Any
@@ -71,73 +69,33 @@ def _warmup(steps: pd.DataFrame, kept: bool) -> list[dict]:
         steps=nums, step_ms=[float(v) for v in warm_ms], median_ms=median_ms, kept=kept)]
 
 
-def core_details(value: Any) -> dict[int, int | bytes]:
-    """Fields of XProf's CoreDetails message (a TPU device-plane stat, stored base64): 1 hostname,
-    2 device_ordinal, 3 core_num, 4 local_chip_id, 5 global_chip_id, 6 global_core_id. {} if unreadable."""
-    try:
-        data = base64.b64decode(value, validate=True) if isinstance(value, str) else bytes(value)
-    except (binascii.Error, TypeError, ValueError):
-        return {}
-    fields: dict[int, int | bytes] = {}
-    i = 0
+def _stated_hosts(con: duckdb.DuckDBPyConnection, run_id: int,
+                  identity: dict[str, Any] | None) -> tuple[int | None, str | None]:
+    """The job's host count where the capture states it: the run identity's job size (collective
+    replica groups, else the TPU planes' global chip ids as a lower bound; analyzer/identity.py), the
+    hostnames listed in the XSpaces, or a host/task count stat on the Task Environment plane. The largest
+    statement wins; None when the trace does not say."""
+    best: int | None = None
+    source: str | None = None
 
-    def varint() -> int:
-        nonlocal i
-        shift = out = 0
-        while i < len(data):
-            b = data[i]
-            i += 1
-            out |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                return out
-        raise ValueError("truncated varint")
+    def offer(value: int | None, why: str) -> None:
+        nonlocal best, source
+        if value is not None and value > 0 and (best is None or value > best):
+            best, source = int(value), why
 
-    try:
-        while i < len(data):
-            key = varint()
-            number, wire = key >> 3, key & 7
-            if wire == 0:
-                fields[number] = varint()
-            elif wire == 2:
-                n = varint()
-                fields[number], i = data[i:i + n], i + n
-            else:
-                return {}
-    except ValueError:
-        return {}
-    return fields
-
-
-def _hosts_from_chip_ids(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int, int, int] | None:
-    """A lower bound on the job's hosts from the TPU planes' CoreDetails: global chip ids reach past
-    the written hosts' chips (chips per host = the distinct local chip ids of a written host)."""
-    rows = con.execute(
-        "SELECT host, json_extract_string(stats, '$.core_details') FROM planes "
-        "WHERE run_id = ? AND kind = 'tpu' AND json_extract_string(stats, '$.core_details') IS NOT NULL",
-        [int(run_id)]).fetchall()
-    local: dict[str, set[int]] = {}
-    max_global = -1
-    for host, value in rows:
-        fields = core_details(value)
-        if not fields:
-            continue
-        local.setdefault(host, set()).add(int(fields.get(4, 0)))
-        max_global = max(max_global, int(fields.get(5, 0)))
-    if not local or max_global < 0:
-        return None
-    per_host = max(len(chips) for chips in local.values())
-    return math.ceil((max_global + 1) / per_host), max_global, per_host
-
-
-def _stated_hosts(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int | None, str | None]:
-    """The job's host count where the capture states it: the hostnames listed in the XSpaces, a
-    host/task count stat on a plane (e.g. Task Environment), or (a lower bound) the TPU planes' global
-    chip ids. None when the trace does not say."""
+    ident = identity or {}
+    offer(ident.get("hosts_in_job"), "the collectives' replica groups span the job's devices")
+    chips, hosts = ident.get("chips_captured"), ident.get("hosts_captured")
+    at_least = ident.get("chips_at_least")
+    if chips and hosts and at_least and at_least > chips:
+        per_host = chips / hosts
+        offer(math.ceil(at_least / per_host),
+              f"the TPU planes' global chip ids (core_details) reach chip {at_least - 1} with "
+              f"{per_host:g} chips per host: at least that many hosts (or processes)")
     named = con.execute(
         "SELECT count(DISTINCT h) FROM (SELECT unnest(hostnames) AS h FROM hosts WHERE run_id = ?) "
         "WHERE h <> ''", [int(run_id)]).fetchone()[0]
-    best, source = (int(named), "XSpace hostnames") if named else (None, None)
+    offer(int(named) if named else None, "XSpace hostnames")
     for (stats,) in con.execute(
             # only the profiler's Task Environment plane: /host:metadata stats are the generator's own
             "SELECT stats FROM planes WHERE run_id = ? AND name = 'Task Environment' AND stats IS NOT NULL",
@@ -145,20 +103,15 @@ def _stated_hosts(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int | No
         values = json.loads(stats) if isinstance(stats, str) else stats
         for key in _HOST_COUNT_STATS:
             value = values.get(key) if isinstance(values, dict) else None
-            if isinstance(value, (int, float)) and value > 0 and (best is None or value > best):
-                best, source = int(value), f"plane stat {key}"
-    by_chips = _hosts_from_chip_ids(con, run_id)
-    if by_chips is not None and (best is None or by_chips[0] > best):
-        hosts, max_chip, per_host = by_chips
-        best = hosts
-        source = (f"the TPU planes' global chip ids (core_details) reach chip {max_chip} with {per_host} "
-                  f"chips per host: at least {hosts} hosts (or processes)")
+            if isinstance(value, (int, float)):
+                offer(int(value), f"Task Environment stat {key}")
     return best, source
 
 
-def _hosts_missing(con: duckdb.DuckDBPyConnection, run_id: int) -> list[dict]:
+def _hosts_missing(con: duckdb.DuckDBPyConnection, run_id: int,
+                   identity: dict[str, Any] | None) -> list[dict]:
     written = con.execute("SELECT count(*) FROM hosts WHERE run_id = ?", [int(run_id)]).fetchone()[0]
-    stated, source = _stated_hosts(con, run_id)
+    stated, source = _stated_hosts(con, run_id, identity)
     if stated is None or not written or written >= stated:
         return []
     return [_warning(
@@ -244,14 +197,16 @@ def _profiler_messages(con: duckdb.DuckDBPyConnection, run_id: int) -> list[dict
 
 
 def capture_warnings(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
-                     steps: pd.DataFrame, config: dict[str, Any]) -> list[dict[str, Any]]:
-    """All capture-health warnings of one run, in a fixed order of codes."""
+                     steps: pd.DataFrame, config: dict[str, Any],
+                     identity: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """All capture-health warnings of one run, in a fixed order of codes. ``identity`` is the run's
+    identity (analyzer/identity.py): its job size is the first statement of the job's hosts."""
     th = config["capture"]
     kept = bool(config["warmup"].get("keep"))
     warnings: list[dict[str, Any]] = []
     warnings += _empty_device_planes(con, run_id, rel)
     warnings += _warmup(steps, kept)
-    warnings += _hosts_missing(con, run_id)
+    warnings += _hosts_missing(con, run_id, identity)
     warnings += _clock_skew(steps, float(th["clock_skew_fraction"]), int(th["clock_skew_min_steps"]))
     warnings += _truncated_steps(steps, float(th["partial_step_fraction"]))
     warnings += _truncated_event_limit(con, run_id, int(th["trace_json_event_limit"]))
