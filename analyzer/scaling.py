@@ -30,7 +30,7 @@ import pandas as pd
 
 from tpuanalyze.errors import TpuAnalyzeError
 
-CATEGORIES = ["compute", "weight_update", "collectives", "input", "output", "eval", "idle"]
+CATEGORIES = ["compute", "weight_update", "collectives", "memory_transfer", "input", "output", "eval", "idle"]
 # Categories whose time per step is proportional to the examples a core processes per step.
 BATCH_PROPORTIONAL = {"compute", "input"}
 # Exposed all-reduce time per step does not fall with more replicas of a fixed model (catalog §2).
@@ -48,7 +48,8 @@ _FORMS: dict[str, tuple[list[Callable[[np.ndarray], np.ndarray]], str]] = {
 }
 # With two runs the data cannot choose between two-parameter forms: the cost model does. Collectives:
 # a ring all-reduce moves (n-1)/n * M/B = M/B - (M/B)/n (catalog §2), i.e. a + b/N with b < 0.
-_PRIOR = {"compute": "inverse", "weight_update": "inverse", "collectives": "inverse", "input": "inverse",
+_PRIOR = {"compute": "inverse", "weight_update": "inverse", "collectives": "inverse",
+          "memory_transfer": "inverse", "input": "inverse",
           "output": "inverse", "eval": "inverse", "idle": "log", "other": "inverse", "total": "power"}
 _FLAT = 0.02          # two runs within 2% of each other: a constant
 _TIE = 0.005          # leave-one-out errors within 0.5% of the step are a tie: prefer the simpler form
