@@ -28,8 +28,9 @@ ROUNDING = 1e-3  # gains are rounded to 4 decimals each
 
 
 def _compute_share(analysis) -> float:  # noqa: ANN001 - RunAnalysis
-    """Compute's share of the train steps, straight from the step rows (not from the findings)."""
-    train = analysis.steps[~analysis.steps["is_eval"]]
+    """Compute's share of the train steps (warm-up left out, as in the step statistics), straight from
+    the step rows (not from the findings)."""
+    train = analysis.steps[~analysis.steps["is_eval"] & ~analysis.steps["is_warmup"]]
     return float(train["compute_ps"].sum()) / float(train["duration_ps"].sum())
 
 
@@ -88,7 +89,7 @@ def test_straggler_is_the_root_of_the_collective_waits(straggler_run) -> None:  
     _check_tree_and_budget(analysis)
     # the one wait is counted once: the straggler's gain, no more than the waits it causes (the slow
     # host's infeed and the others' collective sync), and more than the collective findings' own
-    train = analysis.steps[~analysis.steps["is_eval"]]
+    train = analysis.steps[~analysis.steps["is_eval"] & ~analysis.steps["is_warmup"]]
     waits = float((train["collectives_ps"].sum() + train["input_ps"].sum()) / train["duration_ps"].sum())
     gain = findings[0]["estimated_gain"]
     assert gain["category"] == "collectives+input"

@@ -62,12 +62,30 @@ class Ctx:
             "count(*) AS device_steps, sum(duration_ps) / count(*) / 1e9 AS step_ms,\n"
             "       sum(compute_ps) / sum(duration_ps) AS compute_fraction,\n"
             + ",\n".join(f"       sum({c}_ps) / count(*) / 1e9 AS {c}_ms"
-                         for c in ("compute", "weight_update", "collectives", "input", "output", "idle"))))
+                         for c in ("compute", "weight_update", "collectives", "memory_transfer", "input",
+                                   "output", "idle"))))
         self.n = int(self.step.get("device_steps") or 0)
         self.step_ms = float(self.step.get("step_ms") or 0.0)
 
+    def train_only(self, sql: str) -> str:
+        """``sql`` with warm-up steps left out of "train steps" (as the step statistics leave them out,
+        unless ``warmup.keep``): the text a finding shows and the text that runs are this one."""
+        if self.t["warmup"]["keep"]:
+            return sql
+        sql = re.sub(r"NOT (\w+\.)?is_eval\b",
+                     lambda m: f"{m.group(0)} AND NOT {m.group(1) or ''}is_warmup", sql)
+
+        def op_filter(m: re.Match) -> str:
+            p = m.group(1) or "op_steps."
+            return (f"{m.group(0)}\n  AND NOT EXISTS (SELECT 1 FROM step_breakdown w WHERE w.run_id = "
+                    f"{self.run_id} AND w.is_warmup\n      AND w.host = {p}host AND w.device_ordinal = "
+                    f"{p}device_ordinal AND w.start_ps = {p}step_start)")
+
+        return re.sub(r"NOT (\w+\.)?step_is_eval\b", op_filter, sql)
+
     def query(self, sql: str) -> dict[str, Any]:
         """The first row of ``sql`` (views mapped onto this run's relations) as {column: value}."""
+        sql = self.train_only(sql)
         cur = self.con.execute(_VIEW_RE.sub(lambda m: self.rel[m.group(1)], sql))
         row = cur.fetchone()
         names = [d[0] for d in cur.description]
@@ -108,7 +126,7 @@ def finding(c: Ctx, rule: str, sev: str, summary: str, sql: str, metrics: dict[s
     return [{
         "rule": rule,
         "severity": sev,
-        "evidence": {"summary": summary, "metrics": metrics, "sql": sql},
+        "evidence": {"summary": summary, "metrics": metrics, "sql": c.train_only(sql)},
         "recommendation": text,
         "catalog": ADVICE[rule].catalog,
         "_gain_ms": max(float(gain_ms or 0.0), 0.0),

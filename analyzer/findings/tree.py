@@ -87,7 +87,8 @@ def resolve(drafts: list[dict], config: dict[str, Any], step: dict[str, Any]) ->
     step_ms = float(step.get("step_ms") or 0.0)
     budget_ms = step_ms * (1.0 - float(step.get("compute_fraction") or 0.0))
     category_ms = {c: float(step.get(f"{c}_ms") or 0.0)
-                   for c in ("compute", "weight_update", "collectives", "input", "output", "idle")}
+                   # idle and eval gains include time between steps: no per-category cap, the budget only
+                   for c in ("compute", "weight_update", "collectives", "memory_transfer", "input", "output")}
     stand_alone = [f for f in drafts if "caused_by" not in f]
     combined = _combine(stand_alone, budget_ms, category_ms)
     for f in drafts:
