@@ -28,10 +28,10 @@ ROUNDING = 1e-3  # gains are rounded to 4 decimals each
 
 
 def _compute_share(analysis) -> float:  # noqa: ANN001 - RunAnalysis
-    """Compute's share of the train steps (warm-up left out, as in the step statistics), straight from
-    the step rows (not from the findings)."""
-    train = analysis.steps[~analysis.steps["is_eval"] & ~analysis.steps["is_warmup"]]
-    return float(train["compute_ps"].sum()) / float(train["duration_ps"].sum())
+    """Compute's share of the devices' wall time (the step cycle: train steps, gaps, eval; warm-up left
+    out), pooled from the per-device rows (not from the findings)."""
+    cores = analysis.per_core[analysis.per_core["steps"] > 0]
+    return float((cores["compute"] * cores["wall_ms"]).sum()) / float(cores["wall_ms"].sum())
 
 
 def _check_tree_and_budget(analysis) -> None:  # noqa: ANN001

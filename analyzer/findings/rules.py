@@ -64,6 +64,12 @@ class Ctx:
             + ",\n".join(f"       sum({c}_ps) / count(*) / 1e9 AS {c}_ms"
                          for c in ("compute", "weight_update", "collectives", "memory_transfer", "input",
                                    "output", "idle"))))
+        # The step cycle: a device's wall time (train steps, the gaps between them, eval) per train step,
+        # the base of every gain's fraction, as the breakdown's shares are of wall time (docs/findings.md).
+        self.step.update(self.query(
+            f"SELECT sum(wall_ps) / nullif(sum(train_steps), 0) / 1e9 AS cycle_ms,\n"
+            f"       sum(compute_ps) / nullif(sum(wall_ps), 0) AS cycle_compute_fraction\n"
+            f"FROM device_breakdown WHERE run_id = {self.run_id} AND train_steps > 0"))
         self.n = int(self.step.get("device_steps") or 0)
         self.step_ms = float(self.step.get("step_ms") or 0.0)
 

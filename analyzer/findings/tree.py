@@ -4,7 +4,8 @@ A finding explained by another carries ``caused_by``: the collective waits a str
 wait a slow host or the host's own processing creates. Its own estimate stays visible (``own_ms``) but is
 not counted again (``ms`` 0). The stand-alone findings' gains are then combined: estimates on the same
 category of step time are not additive (each removes a fraction of what is left), and the total never
-exceeds the step time spent outside compute.
+exceeds the step time spent outside compute. Fractions are of the step cycle (a device's wall time per
+train step), the base of the breakdown's shares.
 """
 
 from __future__ import annotations
@@ -84,8 +85,13 @@ def resolve(drafts: list[dict], config: dict[str, Any], step: dict[str, Any]) ->
     followed by the findings it explains."""
     found = {f["rule"]: f for f in drafts}
     _link(found, config)
-    step_ms = float(step.get("step_ms") or 0.0)
-    budget_ms = step_ms * (1.0 - float(step.get("compute_fraction") or 0.0))
+    # Fractions and the budget are of the step cycle (wall time per train step: the steps, the gaps
+    # between them, eval), so that idle and eval gains, which include time between steps, fit in it.
+    step_ms = float(step.get("cycle_ms") or step.get("step_ms") or 0.0)
+    compute = step.get("cycle_compute_fraction")
+    if compute is None:
+        compute = step.get("compute_fraction")
+    budget_ms = step_ms * (1.0 - float(compute or 0.0))
     category_ms = {c: float(step.get(f"{c}_ms") or 0.0)
                    # idle and eval gains include time between steps: no per-category cap, the budget only
                    for c in ("compute", "weight_update", "collectives", "memory_transfer", "input", "output")}
