@@ -61,7 +61,13 @@ def render(comparison: RunComparison, console: Console) -> None:
               help="Also write the comparison as JSON to FILE.")
 def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None, top: int,
             json_path: Path | None) -> None:
-    """Compare run B against run A (RUNS = A B: trace paths, DB:RUN, or run ids/names in --db)."""
+    """Compare run B against run A (RUNS = A B: trace paths, DB:RUN, or run ids/names in --db).
+
+    \b
+    Examples (from the repository root; exit status 1 when B is slower than the limit: a CI gate):
+      tpuanalyze compare sample_traces/generated/resnet50_v3-32_baseline sample_traces/generated/resnet50_v3-32_input-bound
+      tpuanalyze compare sample_traces/generated/resnet50_v3-32_baseline sample_traces/generated/resnet50_v3-32_host-overhead --fail-if-slower 5
+    """
     if len(runs) != 2:
         raise TpuAnalyzeError(f"compare takes exactly 2 runs (A B), got {len(runs)}")
     a, b = runs

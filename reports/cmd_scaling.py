@@ -188,7 +188,13 @@ def _db_trace_runs(db_path: Path) -> list[str]:
               help="Write a self-contained HTML page with the charts here.")
 def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...], project: tuple[int, ...],
             json_path: Path | None, html_path: Path | None) -> None:
-    """Scaling across runs of one workload at different chip counts (traces, DB runs or MLPerf logs)."""
+    """Scaling across runs of one workload at different chip counts (traces, DB runs or MLPerf logs).
+
+    \b
+    Examples (from the repository root):
+      tpuanalyze scaling sample_traces/scaling --html scaling.html
+      tpuanalyze scaling sample_traces/scaling/gnmt_16 sample_traces/scaling/gnmt_64 --project 1024 --json scaling.json
+    """
     if db_path is not None and not db_path.exists():
         raise TpuAnalyzeError("no such database", str(db_path))
     overrides = _parse_overrides(chips)

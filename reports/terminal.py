@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from rich import box
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -154,8 +155,20 @@ def ops_table(ops: Any) -> Table | None:
     return table
 
 
+def reproduce_text(n_queries: int, database: str | None, show_sql: bool) -> str:
+    """Where a finding's SQL can be rerun: only ever a database that still exists."""
+    queries = f"{n_queries} SQL quer{'y' if n_queries == 1 else 'ies'}"
+    where = "below" if show_sql else "(--sql prints them)"
+    if database:
+        return f"{queries} {where}; rerun with `tpuanalyze sql --db {database} QUERY`"
+    return f"{queries} {where}; the database was temporary: add --db FILE to keep one to rerun them on"
+
+
 def findings_block(
-    findings: list[view.FindingView], title: str = "Findings, by estimated gain"
+    findings: list[view.FindingView],
+    title: str = "Findings, by estimated gain",
+    database: str | None = None,
+    show_sql: bool = False,
 ) -> Group | Text:
     if not findings:
         return Text("Findings: none (no catalog rule fired)", style="bold")
@@ -177,17 +190,15 @@ def findings_block(
         if finding.catalog:
             grid.add_row("", "catalog", finding.catalog)
         if finding.sql:
-            grid.add_row(
-                "",
-                "reproduce",
-                f"{len(finding.sql)} SQL quer{'y' if len(finding.sql) == 1 else 'ies'}"
-                " in the HTML report (run with `tpuanalyze sql --db FILE`)",
-            )
+            grid.add_row("", "reproduce", reproduce_text(len(finding.sql), database, show_sql))
         parts.append(grid)
+        if finding.sql and show_sql:
+            for query in finding.sql:
+                parts.append(Padding(Text(query.strip(), style="cyan"), (0, 0, 0, 4)))
     return Group(*parts)
 
 
-def render_run(console: Console, analysis: Any) -> None:
+def render_run(console: Console, analysis: Any, database: str | None = None, show_sql: bool = False) -> None:
     summary = analysis.summary
     steps = getattr(analysis, "steps", None)
     console.print(header(summary))
@@ -207,10 +218,18 @@ def render_run(console: Console, analysis: Any) -> None:
     ops = ops_table(getattr(analysis, "ops", None))
     if ops is not None:
         console.print(ops)
-    console.print(findings_block(view.ranked_findings(view.run_findings(analysis))))
+    console.print(
+        findings_block(view.ranked_findings(view.run_findings(analysis)), database=database, show_sql=show_sql)
+    )
 
 
-def render_runs(analyses: Sequence[Any], console: Console | None = None, series: Sequence[Any] = ()) -> None:
+def render_runs(
+    analyses: Sequence[Any],
+    console: Console | None = None,
+    series: Sequence[Any] = (),
+    database: str | None = None,
+    show_sql: bool = False,
+) -> None:
     """Print every run's summary; several runs get a one-line-per-run overview first, and a scaling
     series (``ScalingAnalysis`` objects) its cross-run findings (scaling-limit, catalog §3.13)."""
     console = console or make_console()
@@ -218,12 +237,14 @@ def render_runs(analyses: Sequence[Any], console: Console | None = None, series:
         console.print(overview_table(analyses))
     scaling = view.ranked_findings(view.series_findings(series))
     if scaling:
-        console.print(findings_block(scaling, "Scaling across runs: findings, by estimated gain"))
+        console.print(
+            findings_block(scaling, "Scaling across runs: findings, by estimated gain", database, show_sql)
+        )
         console.print()
     for position, analysis in enumerate(analyses):
         if position:
             console.rule()
-        render_run(console, analysis)
+        render_run(console, analysis, database, show_sql)
 
 
 def overview_table(analyses: Sequence[Any]) -> Table:
@@ -257,19 +278,31 @@ def overview_table(analyses: Sequence[Any]) -> Table:
     return table
 
 
-def render_text(analyses: Sequence[Any], width: int = WIDTH, series: Sequence[Any] = ()) -> str:
+def render_text(
+    analyses: Sequence[Any],
+    width: int = WIDTH,
+    series: Sequence[Any] = (),
+    database: str | None = None,
+    show_sql: bool = False,
+) -> str:
     """The summary as plain text (no escape codes, no trailing blanks), for pipes, files and tests."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, highlight=False, no_color=True, force_terminal=False)
-    render_runs(analyses, console, series)
+    render_runs(analyses, console, series, database, show_sql)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
-def print_summary(analyses: Sequence[Any], file: IO[str] | None = None, series: Sequence[Any] = ()) -> None:
+def print_summary(
+    analyses: Sequence[Any],
+    file: IO[str] | None = None,
+    series: Sequence[Any] = (),
+    database: str | None = None,
+    show_sql: bool = False,
+) -> None:
     """Colors and the terminal's width (up to 100) on a terminal; plain 100-column text otherwise."""
     stream = file or sys.stdout
     if getattr(stream, "isatty", None) and stream.isatty():
-        render_runs(analyses, make_console(stream), series)
+        render_runs(analyses, make_console(stream), series, database, show_sql)
     else:
-        stream.write(render_text(analyses, series=series))
+        stream.write(render_text(analyses, series=series, database=database, show_sql=show_sql))
         stream.flush()
