@@ -67,7 +67,7 @@ def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None,
     Examples (from the repository root; exit status 1 when B is slower than the limit: a CI gate):
       tpuanalyze compare sample_traces/generated/resnet50_v3-32_baseline sample_traces/generated/resnet50_v3-32_input-bound
       tpuanalyze compare sample_traces/generated/resnet50_v3-32_baseline sample_traces/generated/resnet50_v3-32_host-overhead --fail-if-slower 5
-    """
+    """  # noqa: E501 (example lines are shown as they are typed)
     if len(runs) != 2:
         raise TpuAnalyzeError(f"compare takes exactly 2 runs (A B), got {len(runs)}")
     a, b = runs

@@ -44,7 +44,7 @@ def command(
     Examples:
       tpuanalyze generate --model resnet50 --chips 16 --out generated_resnet50
       tpuanalyze generate --model bert --chips 4096 --hosts 2 --scenario weight-update-unsharded --out generated_bert
-    """
+    """  # noqa: E501 (example lines are shown as they are typed)
     with progress_bar(total=None, description="generate hosts") as bar:
 
         def report(done: int, total: int) -> None:

@@ -263,7 +263,7 @@ def command(
       tpuanalyze report sample_traces/jax_cpu/pmap8_input_bound --html report.html
       tpuanalyze report sample_traces/generated/resnet50_v3-32_baseline sample_traces/jax_cpu/pmap8_train_eval --db runs.duckdb --json report.json
       tpuanalyze report runs.duckdb --sql --html runs.html
-    """
+    """  # noqa: E501 (example lines are shown as they are typed)
     _check_exists(paths)
     for target in (json_path, html_path):  # fail before a long analysis, not after it
         if target is not None and str(target) != "-" and not Path(target).resolve().parent.is_dir():

@@ -194,7 +194,7 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
     Examples (from the repository root):
       tpuanalyze scaling sample_traces/scaling --html scaling.html
       tpuanalyze scaling sample_traces/scaling/gnmt_16 sample_traces/scaling/gnmt_64 --project 1024 --json scaling.json
-    """
+    """  # noqa: E501 (example lines are shown as they are typed)
     if db_path is not None and not db_path.exists():
         raise TpuAnalyzeError("no such database", str(db_path))
     overrides = _parse_overrides(chips)

@@ -116,7 +116,7 @@ def command(query: str, db_path: str, fmt: str) -> None:
       tpuanalyze ingest sample_traces/jax_cpu --db demo.duckdb
       tpuanalyze sql --db demo.duckdb "SELECT run_id, name, num_devices, num_events FROM runs"
       tpuanalyze sql --db demo.duckdb --format csv "SELECT run_id, device_ordinal, step_num, duration_ps FROM step_breakdown LIMIT 5"
-    """
+    """  # noqa: E501 (example lines are shown as they are typed)
     names, rows, types = run_query(db_path, query)
     if fmt == "json":
         records = [{n: _jsonable(v) for n, v in zip(names, row, strict=False)} for row in rows]

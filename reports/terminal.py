@@ -218,9 +218,8 @@ def render_run(console: Console, analysis: Any, database: str | None = None, sho
     ops = ops_table(getattr(analysis, "ops", None))
     if ops is not None:
         console.print(ops)
-    console.print(
-        findings_block(view.ranked_findings(view.run_findings(analysis)), database=database, show_sql=show_sql)
-    )
+    findings = view.ranked_findings(view.run_findings(analysis))
+    console.print(findings_block(findings, database=database, show_sql=show_sql))
 
 
 def render_runs(

@@ -12,22 +12,29 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import site as site_module
 import subprocess
 import sys
-import sysconfig
-import tomllib
 from pathlib import Path
 
 import pytest
-
 from conftest import PROJECT_ROOT
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 pytestmark = pytest.mark.slow
 
 # Installs the clone's packages the way setuptools' package-dir does (tpuanalyze.parsers -> parsers/),
 # without building a wheel: a meta-path finder read from the clone's own pyproject.toml.
 FINDER = '''
-import importlib.abc, importlib.util, sys, tomllib
+import importlib.abc, importlib.util, sys
+try:
+    import tomllib
+except ModuleNotFoundError:
+    import tomli as tomllib
 from pathlib import Path
 ROOT = Path({root!r})
 MAPPING = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
@@ -37,7 +44,8 @@ class CloneFinder(importlib.abc.MetaPathFinder):
         if folder is None:
             return None
         init = ROOT / folder / "__init__.py"
-        return importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
+        return importlib.util.spec_from_file_location(
+            name, init, submodule_search_locations=[str(init.parent)])
 sys.meta_path.insert(0, CloneFinder())
 '''
 
@@ -51,9 +59,9 @@ def _install_clone(clone: Path, venv: Path) -> Path:
         check=True, capture_output=True, text=True,
     ).stdout.strip()
     site = Path(purelib)
-    # The dependencies come from this interpreter's site-packages as a plain path entry: its own .pth
+    # The dependencies come from this interpreter's site-packages as plain path entries: their own .pth
     # files (among them the editable install of the working tree) are not processed there.
-    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (site / "deps.pth").write_text("".join(f"{p}\n" for p in site_module.getsitepackages()))
     (site / "clone_finder.py").write_text(FINDER.format(root=str(clone)))
     (site / "clone_finder.pth").write_text("import clone_finder\n")
     scripts = tomllib.loads((clone / "pyproject.toml").read_text())["project"]["scripts"]
