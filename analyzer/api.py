@@ -24,6 +24,7 @@ from tpuanalyze.analyzer.collectives import collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
+from tpuanalyze.analyzer.roofline import add_roofline, device_peaks, programs_roofline, roofline_summary
 from tpuanalyze.analyzer.steps import CATEGORIES, per_core_frame, per_host_frame, step_times_ms, steps_frame
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -44,6 +45,7 @@ class RunAnalysis:
     ops: pd.DataFrame
     findings: list[dict[str, Any]] = field(default_factory=list)
     run_id: int | None = None
+    programs: pd.DataFrame = field(default_factory=pd.DataFrame)  # roofline per program (docs/json.md)
 
 
 def _run_row(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
@@ -223,6 +225,9 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     collectives = collectives_frame(con, rel)
     inputs = input_frame(con, rel)
     ops = ops_frame(con, run_id, rel)
+    peaks = device_peaks(con, run_id, run.get("device_type"))
+    ops = add_roofline(ops, peaks)
+    programs = programs_roofline(ops, peaks)
     step_ms = step_times_ms(con, rel)
     hosts = con.execute("SELECT count(*) FROM hosts WHERE run_id = ?", [int(run_id)]).fetchone()[0]
     devices = int(per_core.shape[0]) if not per_core.empty else int(run.get("num_devices") or 0)
@@ -246,10 +251,12 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
                   if run.get("source_format") == "mlperf" else _notes(con, run_id, rel, steps)),
     }
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
-                           collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))
+                           collectives=collectives, input=inputs, ops=ops, run_id=int(run_id),
+                           programs=programs)
     host_work = host_input_work(con, run_id, config, rel)
     infeed_batch, first_conv_ms = _batch_and_first_conv(con, rel)
     summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
+    summary["roofline"] = roofline_summary(ops, programs, peaks)
     analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
                                           run_metadata=run.get("metadata"), infeed_batch=infeed_batch,
                                           first_conv_ms=first_conv_ms)
