@@ -79,7 +79,7 @@ def header(summary: dict) -> Panel:
     )
 
 
-def breakdown_table(summary: dict, steps: Any) -> Table:
+def breakdown_table(summary: dict, steps: Any, per_core: Any = None) -> Table:
     table = Table(
         title="Where the time goes (share of the devices' wall time)",
         title_justify="left",
@@ -87,16 +87,16 @@ def breakdown_table(summary: dict, steps: Any) -> Table:
         pad_edge=False,
     )
     table.add_column("category")
-    table.add_column("share", justify="right")
-    table.add_column("ms/step", justify="right")
+    table.add_column("of wall", justify="right")
+    table.add_column("ms/train step", justify="right")
     table.add_column("cores min-max", justify="right")
     table.add_column("", no_wrap=True)
-    for row in view.breakdown_rows(summary, steps):
+    for row in view.breakdown_rows(summary, steps, per_core):
         spread = "–"
         if row.min_share is not None and row.max_share is not None:
             spread = f"{row.min_share:.1%}-{row.max_share:.1%}"
         table.add_row(
-            row.label,
+            f"  └ {row.label}" if row.part_of else row.label,
             f"{row.share:6.1%}",
             _num(row.ms_per_step),
             spread,
@@ -135,22 +135,30 @@ def ops_table(ops: Any) -> Table | None:
         return None
     top = ops.sort_values("self_time_ms", ascending=False).head(TOP_OPS)
     table = Table(
-        title=f"Top {len(top)} ops by self time", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+        title=f"Top {len(top)} ops by self time (of ops: share of all ops' time; roof: achieved share of the"
+        " roofline the op is bound by)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
-    table.add_column("op", overflow="ellipsis", no_wrap=True, max_width=44)
-    table.add_column("category", overflow="ellipsis", no_wrap=True, max_width=20)
-    table.add_column("self ms", justify="right")
-    table.add_column("share", justify="right")
-    table.add_column("FLOP util", justify="right")
+    # the op's name is in its category's color (the palette), so no category column is needed
+    table.add_column("op", overflow="ellipsis", no_wrap=True, min_width=12, max_width=21)
+    table.add_column("framework op · source", overflow="ellipsis", no_wrap=True, min_width=12, max_width=26)
+    for name in ("self ms", "of ops", "FLOP/B"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+    table.add_column("bound", no_wrap=True, min_width=6)
+    table.add_column("roof", justify="right", no_wrap=True, min_width=4)
     for record in top.to_dict("records"):
         share = record.get("share")
-        util = record.get("flop_utilization")
+        achieved = record.get("achieved_fraction")
         table.add_row(
-            str(record.get("name")),
-            str(record.get("category") or ""),
-            _num(record.get("self_time_ms")),
-            "–" if share is None or share != share else f"{share:.1%}",
-            "–" if util is None or util != util else f"{util:.0%}",
+            Text(str(record.get("name")), style=CATEGORY_COLORS.get(str(record.get("category")), "")),
+            view.framework_text(record, short_source=True),
+            view.format_ms(record.get("self_time_ms")),
+            "–" if not view.is_number(share) else f"{share:.1%}",
+            view.format_intensity(record.get("operational_intensity")),
+            str(record.get("bound_by") or "–"),
+            "–" if not view.is_number(achieved) else f"{achieved:.0%}",
         )
     return table
 
@@ -202,7 +210,7 @@ def render_run(console: Console, analysis: Any, database: str | None = None, sho
     summary = analysis.summary
     steps = getattr(analysis, "steps", None)
     console.print(header(summary))
-    console.print(breakdown_table(summary, steps))
+    console.print(breakdown_table(summary, steps, getattr(analysis, "per_core", None)))
     for title, frame, keys in (
         (
             "Slowest cores (own ms = step minus exposed collective wait)",
