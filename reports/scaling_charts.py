@@ -17,9 +17,9 @@ import altair as alt
 import numpy as np
 import pandas as pd
 from tpuanalyze.analyzer.scaling import ScalingAnalysis
-from tpuanalyze.reports.charts import CATEGORY_COLORS, CATEGORY_LABELS
+from tpuanalyze.reports.palette import CATEGORY_COLORS, CATEGORY_LABELS, OTHER, TOTAL
 
-_COLORS = {**CATEGORY_COLORS, "other": "#9d755d", "total": "#4c78a8"}
+_COLORS = {**CATEGORY_COLORS, "other": OTHER, "total": TOTAL}
 _LABELS = {**CATEGORY_LABELS, "other": "other (not in a category)", "total": "time to train"}
 
 

@@ -1,0 +1,90 @@
+"""One visual language: a category has the same color in every chart spec of the report and the
+scaling page (reports/palette.py), and hosts sort naturally."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import duckdb
+from conftest import SAMPLE_TRACES
+from tpuanalyze.analyzer.api import analyze_run
+from tpuanalyze.reports.html import render_html
+from tpuanalyze.reports.palette import CATEGORY_COLORS, CATEGORY_LABELS, natural_sorted
+from tpuanalyze.store.ingest import ingest_paths
+
+# 'exposed' is the collectives-by-kind chart's name for the collectives category (overlapped is its shade)
+LABEL_TO_CATEGORY = {**{label: c for c, label in CATEGORY_LABELS.items()}, **{c: c for c in CATEGORY_COLORS},
+                     "exposed": "collectives"}
+
+
+def _walk(node, found: list[tuple[str, str, str]], where: str) -> None:
+    """Collect (label, color, spec) from every scale with a domain and a range, and fixed mark colors."""
+    if isinstance(node, dict):
+        scale = node.get("scale")
+        if isinstance(scale, dict) and isinstance(scale.get("domain"), list) and isinstance(
+                scale.get("range"), list):
+            for label, color in zip(scale["domain"], scale["range"], strict=False):
+                found.append((str(label), str(color).lower(), where))
+        for value in node.values():
+            _walk(value, found, where)
+    elif isinstance(node, list):
+        for value in node:
+            _walk(value, found, where)
+
+
+def _specs(document: str) -> dict[str, dict]:
+    pairs = re.findall(r'<script type="application/json" id="spec-([^"]+)">(.*?)</script>', document, re.S)
+    return {name: json.loads(text) for name, text in pairs}
+
+
+def test_every_chart_spec_colors_each_category_the_palette_way(tmp_path: Path) -> None:
+    runs = [SAMPLE_TRACES / "generated" / name for name in
+            ("resnet50_v3-32_input-bound", "resnet50_v3-32_weight-update-unsharded")]
+    db = tmp_path / "p.duckdb"
+    run_ids = ingest_paths(runs, db).run_ids
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        analyses = [analyze_run(con, r) for r in run_ids]
+    finally:
+        con.close()
+    specs = _specs(render_html(analyses))
+    assert len(specs) >= 10
+    found: list[tuple[str, str, str]] = []
+    for name, spec in specs.items():
+        _walk(spec, found, name)
+    by_category: dict[str, set[str]] = {}
+    for label, color, where in found:
+        category = LABEL_TO_CATEGORY.get(label)
+        if category is not None:
+            assert color == CATEGORY_COLORS[category].lower(), (where, label, color)
+            by_category.setdefault(category, set()).add(where)
+    # the breakdown, the shares and the top-ops charts all carry category scales (none left to defaults)
+    charts_with_compute = {w.split("-", 1)[1] for w in by_category["compute"]}
+    assert {"shares", "steps", "ops"} <= charts_with_compute, charts_with_compute
+    # a color given to a category is never reused for something else in a scale
+    palette = {c.lower(): cat for cat, c in CATEGORY_COLORS.items()}
+    for label, color, where in found:
+        if color in palette and label not in LABEL_TO_CATEGORY:
+            raise AssertionError(f"{where}: '{label}' wears {palette[color]}'s color {color}")
+    # every 'category' color encoding names its scale (a default scheme would differ chart to chart)
+    for name, spec in specs.items():
+        text = json.dumps(spec)
+        for match in re.finditer(r'"color": \{"field": "category"[^}]*\}', text):
+            assert '"scale"' in text[match.start(): match.start() + 2000], name
+
+
+def test_terminal_and_html_tables_use_the_palette() -> None:
+    from tpuanalyze.reports import charts, scaling_charts, terminal
+
+    assert charts.CATEGORY_COLORS is CATEGORY_COLORS
+    assert terminal.CATEGORY_COLORS is CATEGORY_COLORS
+    assert all(scaling_charts._COLORS[c] == CATEGORY_COLORS[c] for c in CATEGORY_COLORS)
+    assert scaling_charts._COLORS["total"] not in CATEGORY_COLORS.values()
+
+
+def test_hosts_sort_naturally() -> None:
+    hosts = ["w-10", "w-2", "w-0", "w-100", "w-1"]
+    assert natural_sorted(hosts) == ["w-0", "w-1", "w-2", "w-10", "w-100"]
+    assert natural_sorted(["h-1 : 10", "h-1 : 9", "h-0 : 1"]) == ["h-0 : 1", "h-1 : 9", "h-1 : 10"]
