@@ -302,6 +302,19 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+# The JSON documents' shape version (docs/json.md): bumped when a key changes meaning or goes away;
+# new keys do not bump it.
+SCHEMA_VERSION = 2
+
+
+def json_header() -> dict[str, Any]:
+    """``schema_version`` and ``tool_version``, the first keys of every JSON document tpuanalyze writes."""
+    from tpuanalyze import __version__
+
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__}
+
+
 def report_json(analyses: Iterable[RunAnalysis]) -> dict[str, Any]:
-    """The JSON contract (docs/json.md): {"runs": [summary, ...]}, plain JSON types only."""
-    return {"runs": [_jsonable(a.summary) for a in analyses]}
+    """The JSON contract (docs/json.md): {"schema_version", "tool_version", "runs": [summary, ...]},
+    plain JSON types only."""
+    return {**json_header(), "runs": [_jsonable(a.summary) for a in analyses]}

@@ -22,8 +22,10 @@ def _signed(value: float, unit: str = "") -> str:
 
 def render(comparison: RunComparison, console: Console) -> None:
     """The terminal view: step time, breakdown, top ops, findings that changed."""
-    head = Table(title=f"compare  A = {escape(comparison.a)}   B = {escape(comparison.b)}")
-    for name in ("", "A", "B", "B - A"):
+    head = Table(title=f"compare  A = {escape(comparison.a)}   B = {escape(comparison.b)}",
+                 caption="per train step: ms and share of the step (report's breakdown gives shares of "
+                         "wall time)")
+    for name in ("", "A: ms · of step", "B: ms · of step", "B - A"):
         head.add_column(name, justify="right" if name else "left")
     head.add_row("step time", f"{comparison.step_a_ms:.3f} ms", f"{comparison.step_b_ms:.3f} ms",
                  f"{comparison.step_b_ms - comparison.step_a_ms:+.3f} ms ({comparison.slower_pct:+.1f}%)")
@@ -85,7 +87,9 @@ def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None,
         comparison = compare_runs(loaded_runs[0], loaded_runs[1], top=top)
     render(comparison, wide_console())
     if json_path is not None:
-        json_path.write_text(json.dumps(comparison.to_json(), indent=2, default=str))
+        from tpuanalyze.analyzer.api import json_header
+
+        json_path.write_text(json.dumps({**json_header(), **comparison.to_json()}, indent=2, default=str))
     if fail_pct is not None and comparison.slower_pct > fail_pct:
         click.echo(f"tpuanalyze: B is {comparison.slower_pct:.2f}% slower than A "
                    f"(limit {fail_pct:g}%)", err=True)

@@ -120,7 +120,9 @@ def command(paths: tuple[Path, ...], db_path: Path | None, json_path: Path | Non
     if not pivot.empty:
         console.print(pivot_table(pivot))
     if json_path is not None:
-        document = {"mlperf": summary_records(summary),
+        from tpuanalyze.analyzer.api import json_header
+
+        document = {**json_header(), "mlperf": summary_records(summary),
                     "time_to_train_by_chips": [
                         {"version": v, "benchmark": b, "framework": f or None,
                          "time_to_train_s": {str(c): t for c, t in row.items() if not math.isnan(t)}}

@@ -236,7 +236,10 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
     for analysis in analyses:
         render(analysis, console)
     if json_path is not None:
-        json_path.write_text(json.dumps({"series": [a.to_json() for a in analyses]}, indent=2, default=str))
+        from tpuanalyze.analyzer.api import json_header
+
+        document = {**json_header(), "series": [a.to_json() for a in analyses]}
+        json_path.write_text(json.dumps(document, indent=2, default=str))
     if html_path is not None:
         from tpuanalyze.reports.scaling_charts import scaling_html
 

@@ -71,16 +71,26 @@ def format_intensity(value: Any) -> str:
 
 
 def format_value(value: Any) -> str:
-    """Numbers compact and readable (3 significant digits, thousands separators), the rest as text."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
+    """Numbers compact and readable (3 significant digits, thousands separators), the rest as text.
+
+    Never Python's spelling inside a sentence: None is '–' (not measured), a bool is 'yes' / 'no'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+        if value != 0 and abs(value) < 1e-3:  # 0.0000907, not 9.07e-05
+            if abs(value) < 1e-9:
+                return "≈0"
+            return f"{value:.{2 - math.floor(math.log10(abs(value)))}f}"
+        if abs(value) >= 1e12:
             return f"{value:.3g}"
+        if abs(value) >= 1e6:
+            return f"{value:,.0f}"
         if abs(value) >= 100:
             return f"{value:,.1f}"
         return f"{value:.3g}"
@@ -106,6 +116,10 @@ def format_metric(name: str, value: Any) -> str:
     if _is_number(value) and "bytes" in name:
         return format_bytes(float(value))
     return format_value(value)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _gain(raw: Any) -> tuple[float | None, float | None, str]:
@@ -169,8 +183,10 @@ def _evidence(raw: Any) -> tuple[str, list[tuple[str, str]], list[str]]:
                 values = value if isinstance(value, (list, tuple)) else [value]
                 sqls += [str(v).strip() for v in values if v]
             elif isinstance(value, dict):  # e.g. {"metrics": {name: number}}: one item per number
-                items += [(k.replace("_", " "), format_metric(k, v)) for k, v in value.items()]
-            else:
+                # an unmeasured number (None / NaN) is left out rather than shown as "None"
+                items += [(k.replace("_", " "), format_metric(k, v)) for k, v in value.items()
+                          if not _missing(v)]
+            elif not _missing(value):
                 items.append((key.replace("_", " "), format_metric(key, value)))
         return text, items, sqls
     return str(raw), [], []
