@@ -8,7 +8,6 @@ estimates (dashed lines, a shaded range, lighter bars) and every mark has a tool
 
 from __future__ import annotations
 
-import html as _html
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -191,79 +190,10 @@ def scaling_charts(items: Sequence[Any]) -> list[tuple[str, str, Any]]:
 
 
 def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze scaling") -> str:
-    """A self-contained page (Vega inlined, no network) with every series' charts and findings."""
-    from tpuanalyze.reports.html import spec_json, vendor_javascript
+    """The stand-alone scaling page (reports/scaling_page.py: the report's style, offline)."""
+    from tpuanalyze.reports.scaling_page import scaling_html as page
 
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>",
-             "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
-             "script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:; "
-             "connect-src 'none'\">",
-             "<style>body{font-family:sans-serif;margin:2em}.chart{display:inline-block;vertical-align:top;"
-             "margin:1em}.chart small{display:block;max-width:560px}.table{overflow-x:auto}"
-             "td,th{padding:2px 8px;text-align:right}#render-status{display:none}</style>",
-             f"<script>{_STATUS_SCRIPT}</script>",
-             f"<script>{vendor_javascript()}</script></head><body>", f"<h1>{_html.escape(title)}</h1>",
-             "<p>Projections are estimates from simple fitted models, not measurements.</p>"]
-    specs = []
-    for analysis in analyses:
-        parts.append(f"<h2>{_html.escape(analysis.workload or 'series')}</h2>")
-        parts.append("<div class='table'>" + analysis.measured.to_html(
-            index=False, float_format=lambda v: f"{v:.4g}", classes="measured") + "</div>")
-        fits = pd.DataFrame([{"category": c, "form": f.form, "model": f.formula, "in-sample rms": f.rms_error,
-                              "leave-one-out rms": f.loo_error} for c, f in analysis.fits.items()])
-        parts.append("<h3>Fitted model per category</h3>")
-        parts.append(fits.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"))
-        parts.append("<h3>Projection (estimates from the fitted model, not measurements)</h3>")
-        parts.append("<div class='table'>" + analysis.projection.to_html(
-            index=False, float_format=lambda v: f"{v:.4g}") + "</div>")
-        if analysis.holdout and "relative_error" in analysis.holdout:
-            h = analysis.holdout
-            parts.append(f"<p>Held-out check: fitted on {h['fitted_on_chips']} chips, predicts "
-                         f"{h['predicted']:.4g} {analysis.unit} at {h['chips']} chips vs measured "
-                         f"{h['measured']:.4g} ({h['relative_error']:+.1%}).</p>")
-        for finding in analysis.findings:
-            parts.append(f"<p><b>{finding['rule']}</b> ({finding['severity']}): "
-                         f"{_html.escape(finding['evidence']['summary'])}. "
-                         f"{_html.escape(finding['recommendation'])}</p>")
-        for title_text, caption, chart in charts_for(analysis):
-            chart_id = f"chart{len(specs)}"
-            specs.append((chart_id, spec_json(chart)))
-            parts.append(f"<div class='chart' id='{chart_id}-block'><h3>{_html.escape(title_text)}</h3>"
-                         f"<div id='{chart_id}'></div><small>{_html.escape(caption)}</small></div>")
-    # Vega needs 'unsafe-eval' (expression functions); the page still fetches nothing (connect-src none).
-    # Each chart settles its own promise, so one bad chart is an error in the status, not a blank page.
-    calls = ",".join(f"vegaEmbed('#{cid}', {spec}, {{actions: false, renderer: 'svg'}})"
-                     f".then(() => {{ st.rendered += 1; st.flush(); }},"
-                     f" e => {{ st.errors.push('{cid}: ' + e); st.flush(); }})"
-                     for cid, spec in specs)
-    parts.append("<pre id='render-status' hidden></pre>")
-    parts.append(f"<script>var st = window.__tpuReport; st.charts = {len(specs)}; st.flush();"
-                 f"Promise.all([{calls}]).then(() => {{ st.done = true; st.flush(); }});</script>"
-                 "</body></html>")
-    return "\n".join(parts)
-
-
-# The same render bookkeeping as the report template (reports/templates/report.html.j2): errors, CSP
-# violations and Vega warnings land as JSON in #render-status, which reports/browser.py reads.
-_STATUS_SCRIPT = """
-window.__tpuReport = { charts: 0, rendered: 0, errors: [], warnings: [], done: false };
-(function () {
-  var st = window.__tpuReport;
-  st.flush = function () { var el = document.getElementById("render-status");
-    if (el) { el.textContent = JSON.stringify(st); } };
-  window.addEventListener("error", function (e) {
-    st.errors.push("error: " + (e.message || e.type)); st.flush(); });
-  window.addEventListener("unhandledrejection", function (e) {
-    st.errors.push("rejection: " + e.reason); st.flush(); });
-  document.addEventListener("securitypolicyviolation", function (e) {
-    st.errors.push("csp: blocked " + e.blockedURI + " (" + e.violatedDirective + ")"); st.flush(); });
-  var origError = console.error, origWarn = console.warn;
-  console.error = function () { st.errors.push("console.error: " + Array.prototype.join.call(arguments, " "));
-    st.flush(); return origError.apply(console, arguments); };
-  console.warn = function () { st.warnings.push(Array.prototype.join.call(arguments, " ")); st.flush();
-    return origWarn.apply(console, arguments); };
-})();
-"""
+    return page(analyses, title)
 
 
 def dumps_specs(analyses: Sequence[ScalingAnalysis]) -> str:
