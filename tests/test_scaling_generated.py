@@ -133,7 +133,7 @@ def test_scaling_charts_for_the_html_report(series):
         spec = chart.to_dict()
         assert spec["$schema"] and "estimate" in caption
         views = _layers(spec)
-        for view in views:  # issue 5/6: tooltips on every mark, the shaded projection range included
+        for view in views:  # tooltips on every mark, the shaded projection range included
             assert "tooltip" in view["encoding"], (title, view["mark"])
         marks = [v["mark"]["type"] if isinstance(v["mark"], dict) else v["mark"] for v in views]
         if title.endswith("time vs chips"):
