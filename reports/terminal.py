@@ -257,7 +257,7 @@ def render_runs(
 def overview_table(analyses: Sequence[Any]) -> Table:
     """One line per run; long run names are cut here (each run's own header below has it in full)."""
     table = Table(
-        title=f"{len(analyses)} runs",
+        title=f"{len(analyses)} runs (compute, coll., input: shares of the devices' wall time)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
