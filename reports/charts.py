@@ -236,13 +236,14 @@ def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
         cells = per_core.loc[idx].assign(row=lambda d: d["host"]).reset_index(drop=True)
         row_title = "host (its core with most own time)"
     cells = cells[["row", "core", "step", *metrics]].copy()
-    # Color = distance from the median cell of the metric, on a scale at least HEATMAP_MIN_SPAN of the
-    # median step wide: a healthy pod (every core within 0.5%) stays near the neutral middle.
+    # Color = distance from the median cell of the metric (computed by Vega: no extra data inlined), on
+    # a scale at least HEATMAP_MIN_SPAN of the median step wide: a healthy pod (every core within 0.5%)
+    # stays near the neutral middle.
     span = HEATMAP_MIN_SPAN * float(cells["step_ms"].median() or 0.0)
     for m in metrics:
-        cells[f"{m}_vs_median"] = cells[m] - float(cells[m].median())
-        span = max(span, float(cells[f"{m}_vs_median"].abs().max() or 0.0))
+        span = max(span, float((cells[m] - cells[m].median()).abs().max() or 0.0))
     span = span or 1.0
+    cells[metrics] = cells[metrics].round(4)  # 0.1 us: finer than any color step or tooltip digit
     n_rows = cells["row"].nunique()
     row_order = natural_sorted(cells["row"].unique())
     step_title = "step" if width == 1 else f"step (bins of {width})"
@@ -255,7 +256,8 @@ def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
     return (
         alt.Chart(cells)
         .mark_rect()
-        .transform_calculate(value="datum[heat_metric + '_vs_median']")
+        .transform_joinaggregate(**{f"{m}_median": f"median({m})" for m in metrics})
+        .transform_calculate(value="datum[heat_metric] - datum[heat_metric + '_median']")
         .encode(
             x=alt.X("step:O", title=step_title),
             y=alt.Y(
