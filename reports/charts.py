@@ -24,7 +24,6 @@ from tpuanalyze.reports.palette import (
     CATEGORY_LABELS,
     COLLECTIVES_OVERLAPPED,
     ROOFLINE,
-    natural_key,
     natural_sorted,
 )
 
@@ -424,7 +423,7 @@ def input_wait_chart(input_frame: pd.DataFrame) -> alt.Chart | None:
         cores=("infeed_ms_per_step", "size"),
     )
     per_host = per_host.sort_values("max_ms", ascending=False).head(MAX_INPUT_BARS)
-    per_host = per_host.iloc[np.argsort([natural_key(h) for h in per_host["host"]], kind="stable")]
+    per_host = per_host.set_index("host").loc[natural_sorted(per_host["host"])].reset_index()
     tooltip = [
         alt.Tooltip("host:N"),
         alt.Tooltip("max_ms:Q", format=".3f", title="max over cores ms/step"),

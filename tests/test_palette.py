@@ -88,3 +88,26 @@ def test_hosts_sort_naturally() -> None:
     hosts = ["w-10", "w-2", "w-0", "w-100", "w-1"]
     assert natural_sorted(hosts) == ["w-0", "w-1", "w-2", "w-10", "w-100"]
     assert natural_sorted(["h-1 : 10", "h-1 : 9", "h-0 : 1"]) == ["h-0 : 1", "h-1 : 9", "h-1 : 10"]
+
+
+def test_charts_put_hosts_in_natural_order_and_a_healthy_pod_stays_calm() -> None:
+    import pandas as pd
+    from tpuanalyze.reports.charts import HEATMAP_MIN_SPAN, input_wait_chart, step_time_heatmap
+
+    hosts = [f"w-{i}" for i in range(100)]
+    inputs = pd.DataFrame({"host": [h for h in hosts for _ in range(2)], "device_ordinal": [0, 1] * 100,
+                           "infeed_ms_per_step": [float(i % 7) for i in range(200)]})
+    order = input_wait_chart(inputs).to_dict()["layer"][0]["encoding"]["x"]["sort"]
+    assert order == natural_sorted(order) and "w-10" in order
+    # 12 cores whose steps differ by at most 0.4%: the color scale spans >= 5% of the median step
+    rows = [{"host": f"w-{h}", "device_ordinal": d, "step_num": s, "is_eval": False,
+             "duration_ps": int(100e9 * (1 + 0.004 * ((h + d + s) % 2))), "input_ps": 0,
+             "collectives_ps": int(5e9)} for h in range(6) for d in range(2) for s in range(5)]
+    spec = step_time_heatmap(pd.DataFrame(rows)).to_dict()
+    scale = spec["encoding"]["color"]["scale"]
+    assert scale["domainMid"] == 0 and scale["domain"][1] == -scale["domain"][0]
+    assert scale["domain"][1] >= HEATMAP_MIN_SPAN * 100 - 1e-9  # ms: 5% of the 100 ms median step
+    worst = 0.004 * 100  # the largest distance from the median, in ms
+    assert worst / scale["domain"][1] <= 0.1  # near the neutral middle: calm
+    y_order = spec["encoding"]["y"]["sort"]
+    assert y_order == natural_sorted(y_order)
