@@ -149,5 +149,5 @@ def test_scaling_charts_for_the_html_report(series):
     kinds = {row["kind"] for row in share["datasets"][share["data"]["name"]]}
     assert kinds == {"measured", "estimate"}
     page = scaling_html([analysis])
-    assert page.count("vegaEmbed(") == 4 and "connect-src 'none'" in page
-    assert "id='render-status' hidden" in page
+    assert page.count('<div class="chart" id="scaling-') == 4 and "connect-src 'none'" in page
+    assert '<pre id="render-status" hidden>' in page and "vegaEmbed(" in page
