@@ -163,6 +163,29 @@ def ops_table(ops: Any) -> Table | None:
     return table
 
 
+def roofline_line(roofline: dict | None) -> Text | None:
+    """One line: the whole program on the roofline, and the roofs it was measured against."""
+    if not roofline:
+        return None
+    if not roofline.get("peak_tflops"):
+        return Text("Roofline: unknown (the trace states no peak FLOP/s or HBM bandwidth for its device)\n")
+    programs = roofline.get("programs") or []
+    total = next((p for p in programs if p.get("program") == "all programs"), None)
+    source = "trace" if roofline.get("source") == "trace" else "catalog §2"
+    roofs = (f"roofs per core: {roofline['peak_tflops']:,.1f} TFLOP/s, {roofline['peak_hbm_gbps']:,.0f} GB/s "
+             f"HBM, ridge {roofline['ridge_flops_per_byte']:,.1f} FLOPs/byte ({source})")
+    if total is None or not total.get("bound_by"):
+        return Text(f"Roofline: no op with FLOPs or bytes; {roofs}\n")
+    achieved = total.get("achieved_fraction")
+    share = f", {achieved:.0%} of that roof" if view.is_number(achieved) else ""
+    counts = roofline.get("ops_by_bound") or {}
+    ops = ", ".join(f"{n} {kind}-bound" for kind, n in sorted(counts.items()))
+    return Text(
+        f"Roofline: all programs {view.format_intensity(total.get('operational_intensity'))} FLOPs/byte, "
+        f"{total['bound_by']} bound{share}; ops: {ops or 'none'}; {roofs}\n"
+    )
+
+
 def reproduce_text(n_queries: int, database: str | None, show_sql: bool) -> str:
     """Where a finding's SQL can be rerun: only ever a database that still exists."""
     queries = f"{n_queries} SQL quer{'y' if n_queries == 1 else 'ies'}"
@@ -226,6 +249,9 @@ def render_run(console: Console, analysis: Any, database: str | None = None, sho
     ops = ops_table(getattr(analysis, "ops", None))
     if ops is not None:
         console.print(ops)
+    roofline = roofline_line(summary.get("roofline"))
+    if roofline is not None:
+        console.print(roofline)
     findings = view.ranked_findings(view.run_findings(analysis))
     console.print(findings_block(findings, database=database, show_sql=show_sql))
 
