@@ -36,7 +36,8 @@ COLLECTIVES_OVERLAPPED = "#ffbf79"  # collective time hidden under compute: a li
 IDLE_BETWEEN_STEPS = "#d9d4d1"  # idle between steps (host overhead): a light idle
 OTHER = "#9d755d"  # time outside every category
 TOTAL = "#333333"  # a sum of categories (step time, time to train): neutral, never a category's color
-MEASURED = "#222222"  # measured points drawn over a fitted line
+MEASURED_POINT = "#222222"  # measured points drawn over a fitted line of a total
+EFFICIENCY = "#6f4e7c"  # scaling efficiency: not a category, so none of their colors
 ROOFLINE = {"compute": CATEGORY_COLORS["compute"], "memory": "#9467bd", "roof": "#555555"}
 
 

@@ -16,7 +16,14 @@ import altair as alt
 import numpy as np
 import pandas as pd
 from tpuanalyze.analyzer.scaling import ScalingAnalysis
-from tpuanalyze.reports.palette import CATEGORY_COLORS, CATEGORY_LABELS, OTHER, TOTAL
+from tpuanalyze.reports.palette import (
+    CATEGORY_COLORS,
+    CATEGORY_LABELS,
+    EFFICIENCY,
+    MEASURED_POINT,
+    OTHER,
+    TOTAL,
+)
 
 _COLORS = {**CATEGORY_COLORS, "other": OTHER, "total": TOTAL}
 _LABELS = {**CATEGORY_LABELS, "other": "other (not in a category)", "total": "time to train"}
@@ -68,7 +75,7 @@ def step_time_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     projection["high"] = projection["value"] * (1 + projection["error_est"].fillna(0))
     label = "step time" if metric == "step_time_ms" else "time to train"
     y = alt.Y("value:Q", title=f"{label} [{unit}]", scale=alt.Scale(zero=False))
-    band = alt.Chart(projection).mark_area(opacity=0.15, color="#4c78a8").encode(
+    band = alt.Chart(projection).mark_area(opacity=0.15, color=TOTAL).encode(
         x=_x(), y=alt.Y("low:Q", title=f"{label} [{unit}]"), y2="high:Q",
         tooltip=[alt.Tooltip("chips:Q", format="d"),
                  alt.Tooltip("value:Q", title=f"estimate [{unit}]", format=".3f"),
@@ -76,10 +83,10 @@ def step_time_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
                  alt.Tooltip("high:Q", title="estimate range to", format=".3f")])
     curve = _fit_curve(analysis)
     curve = curve[curve["category"] == "step (sum)"]
-    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color="#4c78a8").encode(
+    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color=TOTAL).encode(
         x=_x(), y=y, tooltip=[alt.Tooltip("chips:Q", format="d"),
                               alt.Tooltip("value:Q", title=f"estimate [{unit}]", format=".3f")])
-    points = alt.Chart(measured).mark_point(filled=True, size=80, color="#e45756").encode(
+    points = alt.Chart(measured).mark_point(filled=True, size=80, color=MEASURED_POINT).encode(
         x=_x(), y=y, tooltip=["run:N", "chips:Q", alt.Tooltip("value:Q", title=f"measured [{unit}]",
                                                               format=".3f")])
     return (band + line + points).properties(
@@ -154,11 +161,11 @@ def efficiency_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     projection = analysis.projection[["chips", "per_core_throughput_rel_est"]]
     y = alt.Y("eff:Q", title="per-core throughput vs smallest run", axis=alt.Axis(format="%"))
     line = alt.Chart(projection.rename(columns={"per_core_throughput_rel_est": "eff"})).mark_line(
-        strokeDash=[6, 4], color="#54a24b").encode(
+        strokeDash=[6, 4], color=EFFICIENCY).encode(
         x=_x(), y=y, tooltip=[alt.Tooltip("chips:Q", format="d"),
                               alt.Tooltip("eff:Q", title="estimate", format=".1%")])
     points = alt.Chart(measured.rename(columns={"per_core_throughput_rel": "eff"})).mark_point(
-        filled=True, size=80, color="#54a24b").encode(
+        filled=True, size=80, color=EFFICIENCY).encode(
         x=_x(), y=y, tooltip=["run:N", alt.Tooltip("chips:Q", format="d"),
                               alt.Tooltip("eff:Q", title="measured", format=".1%")])
     return (line + points).properties(width=420, height=260,

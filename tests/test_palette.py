@@ -111,3 +111,29 @@ def test_charts_put_hosts_in_natural_order_and_a_healthy_pod_stays_calm() -> Non
     assert worst / scale["domain"][1] <= 0.1  # near the neutral middle: calm
     y_order = spec["encoding"]["y"]["sort"]
     assert y_order == natural_sorted(y_order)
+
+
+def test_scaling_charts_give_category_colors_to_categories_only(tmp_path: Path) -> None:
+    """The scaling page's totals, measured points and efficiency never wear a category's color."""
+    from tpuanalyze.analyzer.compare import RunLoader
+    from tpuanalyze.analyzer.scaling import analyze_scaling
+    from tpuanalyze.reports.cmd_scaling import trace_series
+    from tpuanalyze.reports.scaling_page import scaling_html
+
+    with RunLoader(None) as loader:
+        runs = [run for p in sorted((SAMPLE_TRACES / "scaling").iterdir()) if p.is_dir()
+                for run in loader.load(str(p))]
+        frame = trace_series(runs, {})
+    analysis = analyze_scaling(frame.drop(columns=["workload"]), workload="gnmt")
+    specs = _specs(scaling_html([analysis]))
+    assert len(specs) >= 4
+    palette = {c.lower(): cat for cat, c in CATEGORY_COLORS.items()}
+    for name, spec in specs.items():
+        found: list[tuple[str, str, str]] = []
+        _walk(spec, found, name)
+        for label, color, where in found:  # scales: a category label gets its palette color
+            if label in LABEL_TO_CATEGORY:
+                assert color == CATEGORY_COLORS[LABEL_TO_CATEGORY[label]].lower(), (where, label)
+        text = json.dumps(spec).lower()
+        fixed = set(re.findall(r'"mark": \{[^}]*"color": "(#[0-9a-f]{6})"', text))
+        assert not fixed & set(palette), (name, fixed & set(palette))  # fixed marks: never a category's
