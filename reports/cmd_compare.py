@@ -30,7 +30,8 @@ def render(comparison: RunComparison, console: Console) -> None:
     head.add_row("step time", f"{comparison.step_a_ms:.3f} ms", f"{comparison.step_b_ms:.3f} ms",
                  f"{comparison.step_b_ms - comparison.step_a_ms:+.3f} ms ({comparison.slower_pct:+.1f}%)")
     for row in comparison.breakdown.itertuples(index=False):
-        label = row.category + (" (hidden, not in step)" if row.category == "collectives_overlapped" else "")
+        label = row.category + {"collectives_overlapped": " (hidden, not in step)",
+                                "idle": " (within steps)"}.get(row.category, "")
         head.add_row(label, f"{row.a_ms:.3f} ms  {row.a_share:5.1%}",
                      f"{row.b_ms:.3f} ms  {row.b_share:5.1%}", _signed(row.delta_ms, " ms"))
     console.print(head)
