@@ -84,7 +84,8 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
     categories = [c for c in CATEGORIES if c in analysis.measured]
     title = f"{analysis.workload or 'scaling'}  ({analysis.batch_mode})"
     measured = Table(title=f"{title}: measured")
-    for name in ["run", "chips", f"{metric}"] + [f"{c} [{unit}] share" for c in categories] + \
+    # "[ms]" would be rich markup: the unit and the share's base are spelled out instead
+    for name in ["run", "chips", f"{metric}"] + [f"{c} {unit} · of step" for c in categories] + \
             ["efficiency", "speedup"]:
         measured.add_column(name, justify="left" if name == "run" else "right")
     for row in analysis.measured.to_dict(orient="records"):
@@ -104,7 +105,7 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
 
     projection = Table(title="projection (ESTIMATES from the fitted model, not measurements)")
     shares = [c for c in categories if f"{c}_share_est" in analysis.projection]
-    for name in ["chips", f"{metric} est", "error"] + [f"{c} share" for c in shares] + ["efficiency est"]:
+    for name in ["chips", f"{metric} est", "error"] + [f"{c} of step" for c in shares] + ["efficiency est"]:
         projection.add_column(name, justify="right")
     for row in analysis.projection.to_dict(orient="records"):
         label = f"{int(row['chips'])}" + ("" if row["measured"] else " (est)")
