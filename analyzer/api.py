@@ -22,6 +22,7 @@ from tpuanalyze.analyzer import attribution
 from tpuanalyze.analyzer.attribution import materialize_run
 from tpuanalyze.analyzer.collectives import collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
+from tpuanalyze.analyzer.identity import run_identity
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
 from tpuanalyze.analyzer.roofline import add_roofline, device_peaks, programs_roofline, roofline_summary
@@ -250,6 +251,7 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
         "notes": (["an MLPerf result log, not a trace: nothing to attribute (see `tpuanalyze mlperf`)"]
                   if run.get("source_format") == "mlperf" else _notes(con, run_id, rel, steps)),
     }
+    summary["identity"] = run_identity(con, run_id, summary["device_type"], devices)
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
                            collectives=collectives, input=inputs, ops=ops, run_id=int(run_id),
                            programs=programs)
@@ -258,7 +260,7 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
     summary["roofline"] = roofline_summary(ops, programs, peaks)
     analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
-                                          run_metadata=run.get("metadata"), infeed_batch=infeed_batch,
+                                          infeed_batch=infeed_batch,
                                           first_conv_ms=first_conv_ms)
     summary["findings"] = analysis.findings
     return analysis

@@ -12,7 +12,7 @@ import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from tpuanalyze.analyzer.compare import LoadedRun, RunLoader, step_categories_ms
+from tpuanalyze.analyzer.compare import LoadedRun, RunLoader, check_comparable, step_categories_ms
 from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling
 from tpuanalyze.reports.cmd_mlperf import wide_console
 
@@ -49,8 +49,10 @@ def _override_for(spec: str, overrides: dict[str, int]) -> int | None:
     return None
 
 
-def trace_series(runs: list[LoadedRun], overrides: dict[str, int]) -> pd.DataFrame:
-    """The scaling table of analyzed trace runs (one workload; chips from the trace or --chips)."""
+def trace_series(runs: list[LoadedRun], overrides: dict[str, int], allow_mixed: bool = False) -> pd.DataFrame:
+    """The scaling table of analyzed trace runs (one workload on one platform; chips from the trace or
+    --chips). Runs of different workloads or platforms are refused unless ``allow_mixed``."""
+    check_comparable(runs, allow_mixed)
     rows = []
     for run in runs:
         chips = overrides.get(run.name) or overrides.get(run.label) or run.facts.get("chips")
@@ -63,12 +65,6 @@ def trace_series(runs: list[LoadedRun], overrides: dict[str, int]) -> pd.DataFra
         row.pop("collectives_overlapped", None)
         rows.append(row)
     frame = pd.DataFrame(rows)
-    workloads = frame["workload"].dropna().astype(str)
-    if workloads.nunique() > 1:
-        mixed = "; ".join(f"{w}: {', '.join(frame.loc[frame['workload'] == w, 'run'])}"
-                          for w in workloads.unique())
-        raise TpuAnalyzeError(f"runs mix workloads ({mixed}); scaling compares one workload at several "
-                              "chip counts")
     return frame.sort_values("chips", kind="stable", ignore_index=True)
 
 
@@ -159,9 +155,13 @@ def mlperf_analyses(paths: list[Path], db_path: Path | None) -> list[ScalingAnal
 
 
 def _by_workload(runs: list[LoadedRun]) -> list[list[LoadedRun]]:
-    groups: dict[str, list[LoadedRun]] = {}
+    """Runs grouped by workload and platform; runs whose workload or platform is unknown stay alone."""
+    from tpuanalyze.analyzer.identity import comparable_key
+
+    groups: dict[object, list[LoadedRun]] = {}
     for run in runs:
-        groups.setdefault(str(run.facts.get("workload") or ""), []).append(run)
+        key = comparable_key(run.facts.get("identity") or {})
+        groups.setdefault(key if key is not None else ("unknown", run.run_id), []).append(run)
     return list(groups.values())
 
 
@@ -187,8 +187,10 @@ def _db_trace_runs(db_path: Path) -> list[str]:
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write JSON here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
               help="Write a self-contained HTML page with the charts here.")
+@click.option("--allow-mixed", "allow_mixed", is_flag=True,
+              help="Fit runs of different workloads or platforms as one series anyway (with a warning).")
 def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...], project: tuple[int, ...],
-            json_path: Path | None, html_path: Path | None) -> None:
+            json_path: Path | None, html_path: Path | None, allow_mixed: bool) -> None:
     """Scaling across runs of one workload at different chip counts (traces, DB runs or MLPerf logs).
 
     \b
@@ -224,7 +226,10 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
                 raise TpuAnalyzeError(f"scaling needs at least 2 runs, got {len(runs)}", trace_specs[0])
             # a whole database: one series per workload measured at 2+ chip counts
             groups = _by_workload(runs) if db_only else [runs]
-            frames = [trace_series(group, overrides) for group in groups]
+            if not db_only:
+                for warning in check_comparable(runs, allow_mixed):
+                    click.echo(f"tpuanalyze: warning: {warning}", err=True)
+            frames = [trace_series(group, overrides, allow_mixed) for group in groups if len(group) >= 2]
         for frame in frames:
             if db_only and frame["chips"].nunique() < 2:
                 continue

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 from tpuanalyze.reports import view
 from tpuanalyze.reports.charts import CATEGORY_COLORS
+from tpuanalyze.reports.identity_view import identity_rows
 
 WIDTH = 100
 BAR_WIDTH = 30
@@ -63,7 +64,9 @@ def header(summary: dict) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("device", str(summary.get("device_type") or "unknown"))
+    rows = identity_rows(summary) or [("device", str(summary.get("device_type") or "unknown"))]
+    for label, text in rows:
+        grid.add_row(label, text)
     grid.add_row(
         "hosts / cores", f"{_count(summary.get('hosts'), 'host')} · {_count(summary.get('devices'), 'core')}"
     )

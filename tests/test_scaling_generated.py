@@ -80,7 +80,7 @@ def test_cli_scaling_from_a_database(series, tmp_path):
 def test_mixed_workloads_and_single_run_are_rejected(resnet_runs, tmp_path):
     gnmt = generator.generate("gnmt", 16, steps=2, hosts=1, out=tmp_path / "gnmt")
     mixed = _cli("scaling", str(resnet_runs[256]), str(gnmt))
-    assert mixed.returncode == 2 and "mix workloads" in mixed.stderr and mixed.stderr.count("\n") == 1
+    assert mixed.returncode == 2 and "not the same workload" in mixed.stderr and mixed.stderr.count("\n") == 1
     single = _cli("scaling", str(resnet_runs[256]))
     assert single.returncode == 2 and "at least 2 runs" in single.stderr
 

@@ -32,7 +32,7 @@ def test_piped_summary_has_header_breakdown_and_ranked_findings(tmp_path) -> Non
     out = proc.stdout
     _check_plain_100_columns(out)
     # Header: the run and its facts.
-    assert f"run {run.name}" in out
+    assert re.search(rf"run \S*/{re.escape(run.name)}", out)  # <logdir>/<run>
     assert "TPU v3" in out
     assert re.search(r"hosts / cores\s+\d+ hosts? · \d+ cores?", out)
     assert re.search(r"step time\s+[\d.]+ ms mean · median", out)
@@ -95,7 +95,7 @@ def test_scaling_series_gets_its_cross_run_findings(tmp_path) -> None:
     assert out.startswith("3 runs")
     # Runs listed from the smallest slice up, then the cross-run finding before the runs' own sections.
     rows = [line.split()[0] for line in out.splitlines()[4:7]]
-    assert [r.split("_")[1][:6] for r in rows] == ["v3-32", "v3-128", "v3-102"]
+    assert [r.split("/")[-1].split("_")[1][:6] for r in rows] == ["v3-32", "v3-128", "v3-102"]
     assert out.index("Scaling across runs") < out.index("╭─ run ")
     assert re.search(r"^1\. scaling-limit\s+\[(high|medium|low)\]", out, re.M)
     document = html_path.read_text()
