@@ -15,7 +15,7 @@ from tpuanalyze.analyzer.identity import differences, platform_key
 
 from tpuanalyze.errors import TpuAnalyzeError
 
-IN_STEP_CATEGORIES = ["compute", "weight_update", "collectives", "input", "output", "idle"]
+IN_STEP_CATEGORIES = ["compute", "weight_update", "collectives", "memory_transfer", "input", "output", "idle"]
 _DB_SUFFIXES = (".duckdb", ".db", ".ddb")
 
 @dataclass
@@ -218,6 +218,9 @@ def step_categories_ms(analysis: Any) -> dict[str, float]:
     """Mean train-step time and each in-step category in ms per step (devices pooled)."""
     steps = analysis.steps
     train = steps[~steps["is_eval"].astype(bool)] if not steps.empty else steps
+    if "is_warmup" in train and not train.empty:  # warm-up steps stay out, as in step_time_ms
+        warm = train["is_warmup"].astype(bool)
+        train = train[~warm] if not warm.all() else train
     if train.empty:
         mean = (analysis.summary.get("step_time_ms") or {}).get("mean")
         if mean is None:
@@ -228,7 +231,8 @@ def step_categories_ms(analysis: Any) -> dict[str, float]:
                 **{c: float(mean) * breakdown.get(c, 0.0) / in_step for c in IN_STEP_CATEGORIES}}
     out = {"step_time_ms": float(train["duration_ps"].mean()) / 1e9}
     for category in IN_STEP_CATEGORIES:
-        out[category] = float(train[f"{category}_ps"].fillna(0).mean()) / 1e9
+        column = f"{category}_ps"
+        out[category] = float(train[column].fillna(0).mean()) / 1e9 if column in train else 0.0
     out["collectives_overlapped"] = float(train["collectives_overlapped_ps"].fillna(0).mean()) / 1e9
     return out
 

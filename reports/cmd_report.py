@@ -93,6 +93,7 @@ def analyse(
     thresholds: Path | None,
     show_progress: bool,
     xprof: bool = False,
+    keep_warmup: bool = False,
 ) -> tuple[list[Any], list[Any] | None]:
     """RunAnalysis of each selected run, read-only, with a progress bar; and their scaling series, if any.
     With ``xprof``, XProf's numbers on the same files go into each summary (``xprof``)."""
@@ -100,6 +101,9 @@ def analyse(
     from tpuanalyze.analyzer.api import analyze_run, load_thresholds
 
     config = load_thresholds(thresholds) if thresholds is not None else None
+    if keep_warmup:  # warm-up steps stay in the step statistics (docs/attribution.md)
+        config = config or load_thresholds()
+        config["warmup"]["keep"] = True
     try:
         con = duckdb.connect(str(db_path), read_only=True)
     except duckdb.Error as exc:
@@ -259,6 +263,11 @@ def _write_html(
 )
 @click.option("--quiet", "-q", is_flag=True, help="No terminal summary (only the files asked for).")
 @click.option(
+    "--keep-warmup",
+    is_flag=True,
+    help="Keep warm-up steps (compilation) in the step statistics; by default they are flagged and left out.",
+)
+@click.option(
     "--progress/--no-progress",
     "show_progress",
     default=None,
@@ -275,6 +284,7 @@ def command(
     with_xprof: bool,
     quiet: bool,
     show_progress: bool | None,
+    keep_warmup: bool = False,
 ) -> None:
     """Analyse traces (or a tpuanalyze database) and report: terminal summary, --html, --json.
 
@@ -303,7 +313,8 @@ def command(
             raise TpuAnalyzeError(
                 "--db is for ingesting traces; the PATH is already a database", str(db_path)
             )
-        analyses, series = analyse(databases[0], None, run_selectors, thresholds, show, with_xprof)
+        analyses, series = analyse(databases[0], None, run_selectors, thresholds, show, with_xprof,
+                                   keep_warmup)
         database_note = str(databases[0])
     else:
         if run_selectors:
@@ -314,7 +325,7 @@ def command(
             if db_path is not None and thresholds is not None:
                 # ingest installed the default-threshold views; custom thresholds replace them
                 _install_views(db_path, thresholds)
-            analyses, series = analyse(target, run_ids, (), thresholds, show, with_xprof)
+            analyses, series = analyse(target, run_ids, (), thresholds, show, with_xprof, keep_warmup)
         database_note = str(db_path) if db_path is not None else None
     emit_reports(analyses, json_path, html_path, quiet, show, database_note, series, show_sql)
 

@@ -59,6 +59,8 @@ class RunSection:
     charts: dict[str, ChartBlock] = field(default_factory=dict)
     identity: list[tuple[str, str]] = field(default_factory=list)
     xprof: list[dict] = field(default_factory=list)
+    capture_warnings: list[dict] = field(default_factory=list)
+    programs: list[dict] = field(default_factory=list)
 
 
 @lru_cache(maxsize=1)
@@ -122,6 +124,8 @@ def run_section(index: int, analysis: Any) -> RunSection:
         else [],
         identity=identity_rows(summary),
         xprof=xprof_rows(summary),
+        capture_warnings=view.capture_warnings(summary),
+        programs=view.program_rows(summary),
     )
     inputs = _frame(analysis, "input")
     per_host_input = inputs is not None and len(inputs) > charts.MAX_INPUT_BARS

@@ -141,6 +141,37 @@ def projection_table(analysis: ScalingAnalysis) -> str:
     return _table(head, rows, numeric_from=0)
 
 
+def time_to_train_section(analysis: ScalingAnalysis) -> str:
+    """The time-to-train model's limit and remedies, and the trace runs beside the logged results."""
+    parts = []
+    limits = (getattr(analysis, "time_to_train", None) or {}).get("limits")
+    if limits:
+        passes = limits.get("fixed_passes_compute_chips")
+        cap, limit = limits["convergence_cap_batch"], limits["data_parallel_limit_chips"]
+        where = f"passes compute at ~{passes:,} chips." if passes else "never passes compute."
+        parts.append('<h3>The limit (estimates)</h3>'
+                     f'<div class="card"><p>Global batch capped at {cap:,}: data '
+                     f"parallelism runs out at ~{limit:,} chips (one example per core, catalog §3.1); the "
+                     f"non-shrinking step (all-reduce, weight update, overhead) {where}</p><ul>")
+        for remedy in limits["remedies"]:
+            parts.append(f"<li>{_html.escape(remedy['remedy'])} (catalog §{remedy['catalog']}) at "
+                         f"{remedy['at_chips']:,} chips: {_small(remedy['gain_s'])} s = "
+                         f"{_pct(remedy['fraction'])} of time to train ({_html.escape(remedy['model'])}; "
+                         "estimate)</li>")
+        parts.append("</ul></div>")
+    joined = getattr(analysis, "joined", None)
+    if joined:
+        rows = [[_html.escape(str(j.get("trace_run"))), f"{int(j['chips']):,}", _num(j.get("trace_step_ms")),
+                 _num(j.get("logged_step_ms_est")), _small(j.get("logged_steps")),
+                 _num(j.get("time_to_train_from_trace_s_est")), _num(j.get("logged_time_to_train_s")),
+                 _pct(j.get("difference")) if not isinstance(j.get("difference"), str)
+                 else _html.escape(j["difference"])] for j in joined]
+        parts.append("<h3>Trace runs beside the MLPerf result at the same chips</h3>" + _table(
+            ["trace run", "chips", "trace step ms", "logged step ms (estimate)", "logged steps",
+             "time to train from the trace, s (estimate)", "logged time to train, s", "difference"], rows))
+    return "".join(parts)
+
+
 def _findings(analysis: ScalingAnalysis) -> str:
     cards = []
     for finding in view.ranked_findings(analysis.findings):
@@ -188,6 +219,7 @@ def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze s
             parts.append(f'<p class="lead">Held-out check: fitted on {h["fitted_on_chips"]} chips, the model '
                          f"predicts {_num(h['predicted'])} {analysis.unit} at {h['chips']:,} chips against "
                          f"{_num(h['measured'])} measured ({h['relative_error']:+.1%}).</p>")
+        parts.append(time_to_train_section(analysis))
         parts.append(f"<h3>Fitted model per category</h3>{fits_table(analysis)}")
         parts.append("<h3>Projection (estimates from the fitted model, not measurements)</h3>"
                      f"{projection_table(analysis)}")

@@ -77,6 +77,8 @@ def header(summary: dict) -> Panel:
         grid.add_row("overlapped", f"{overlapped:.1%} of wall time is collectives hidden under compute")
     for note in summary.get("notes") or []:
         grid.add_row("note", Text(str(note), style="yellow"))
+    for warning in view.capture_warnings(summary):
+        grid.add_row("capture", Text(f"{warning.get('code')}: {warning.get('message')}", style="bold yellow"))
     return Panel(
         grid, title=f"[bold]run {summary.get('run', '?')}[/bold]", title_align="left", box=box.ROUNDED
     )
@@ -105,6 +107,25 @@ def breakdown_table(summary: dict, steps: Any, per_core: Any = None) -> Table:
             spread,
             _bar(row.share, CATEGORY_COLORS[row.category]),
         )
+    return table
+
+
+def programs_table(summary: dict) -> Table | None:
+    """The programs (XLA modules) a trace runs, when there are several: which one is the step."""
+    rows = view.program_rows(summary)
+    if not rows:
+        return None
+    table = Table(title="Programs (XLA modules; the step series is one program)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (("program", "left"), ("runs/device", "right"), ("median ms", "right"),
+                          ("min-max ms", "right"), ("total ms/device", "right"), ("", "left")):
+        table.add_column(name, justify=justify)
+    for p in rows:
+        role = "step" if p.get("is_step_program") else "eval" if p.get("is_eval") else ""
+        table.add_row(str(p.get("program")), view.format_value(p.get("executions_per_device")),
+                      view.format_ms(p.get("median_ms")),
+                      f"{view.format_ms(p.get('min_ms'))}-{view.format_ms(p.get('max_ms'))}",
+                      view.format_ms(p.get("total_ms_per_device")), role)
     return table
 
 
@@ -237,6 +258,9 @@ def render_run(console: Console, analysis: Any, database: str | None = None, sho
     steps = getattr(analysis, "steps", None)
     console.print(header(summary))
     console.print(breakdown_table(summary, steps, getattr(analysis, "per_core", None)))
+    programs = programs_table(summary)
+    if programs is not None:
+        console.print(programs)
     for title, frame, keys in (
         (
             "Slowest cores (own ms = step minus exposed collective wait)",

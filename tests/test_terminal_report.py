@@ -81,6 +81,21 @@ def test_real_cpu_capture_summary(tmp_path) -> None:
     _check_plain_100_columns(proc.stdout)
     assert "CPU" in proc.stdout
     assert "Where the time goes" in proc.stdout
+    # the bundled capture's programs compiled before the trace: nothing to say about warm-up there
+    assert "memory transfers (waits)" in proc.stdout
+
+
+def test_warmup_shown_and_kept_on_request(tmp_path, shared_traces) -> None:
+    """A shared JAX capture compiles in step 0: the header says so; --keep-warmup keeps the step."""
+    run = shared_traces / "jax_cpu" / "single_jit_train"
+    plain = cli("report", str(run))
+    assert plain.returncode == 0, plain.stderr
+    _check_plain_100_columns(plain.stdout)
+    assert "capture" in plain.stdout and "warmup-step" in plain.stdout
+    assert "left out of step-time statistics" in plain.stdout
+    kept = cli("report", str(run), "--keep-warmup")
+    assert kept.returncode == 0, kept.stderr
+    assert "kept in step-time statistics" in kept.stdout
 
 
 def test_scaling_series_gets_its_cross_run_findings(tmp_path) -> None:

@@ -29,7 +29,7 @@ CAPTURES = [
         "gpu_mi355x_jax_te_fused_attn")],
     ("shared", "real/gpu_mi300x_jax_conv_rundir"),
     *[("shared", f"jax_cpu/{name}") for name in JAX_CPU],
-    *[("sample", f"jax_cpu/{name}") for name in JAX_CPU],
+    *[("sample", f"jax_cpu/{name}") for name in (*JAX_CPU, "single_jit_cold")],
     *[("sample", f"generated/resnet50_v3-32_{name}") for name in (
         "baseline", "host-overhead", "input-bound", "weight-update-unsharded")],
     *[("sample", f"scaling/gnmt_{chips}") for chips in (16, 64, 512)],
