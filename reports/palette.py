@@ -39,6 +39,7 @@ IDLE_BETWEEN_STEPS = "#d9d4d1"  # idle between steps (host overhead): a light id
 OTHER = "#9d755d"  # time outside every category
 TOTAL = "#333333"  # a sum of categories (step time, time to train): neutral, never a category's color
 MEASURED_POINT = "#222222"  # measured points drawn over a fitted line of a total
+BOUNDARY = "#2f6f6a"  # a regime boundary (a rule across a chart)
 EFFICIENCY = "#6f4e7c"  # scaling efficiency: not a category, so none of their colors
 ROOFLINE = {"compute": CATEGORY_COLORS["compute"], "memory": "#9467bd", "roof": "#555555"}
 

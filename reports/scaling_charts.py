@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from tpuanalyze.analyzer.scaling import ScalingAnalysis
 from tpuanalyze.reports.palette import (
+    BOUNDARY,
     CATEGORY_COLORS,
     CATEGORY_LABELS,
     EFFICIENCY,
@@ -178,7 +179,8 @@ def efficiency_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
 
 # --- the time-to-train model (MLPerf series, and trace series placed in it) -----------------------------
 
-_MEASURED, _ESTIMATE, _BOUNDARY = "#e45756", "#4c78a8", "#72b7b2"
+# palette colors no category wears: measured dots, the estimate, regime boundaries
+_MEASURED, _ESTIMATE, _BOUNDARY = MEASURED_POINT, TOTAL, BOUNDARY
 
 
 def _boundaries(analysis: ScalingAnalysis) -> pd.DataFrame:
@@ -276,10 +278,10 @@ def throughput_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     title = "examples/s per core"
     tips = [alt.Tooltip("chips:Q", format="d"), alt.Tooltip("per_core_batch:Q", title="per-core batch"),
             alt.Tooltip("throughput:Q", title=f"{title}, estimate", format=".1f")]
-    band = alt.Chart(curve).mark_area(opacity=0.15, color="#54a24b").encode(
+    band = alt.Chart(curve).mark_area(opacity=0.15, color=EFFICIENCY).encode(
         x=_x(), y=alt.Y("throughput_low:Q", title=title, scale=alt.Scale(type="log")),
         y2="throughput_high:Q", tooltip=tips)
-    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color="#54a24b").encode(
+    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color=EFFICIENCY).encode(
         x=_x(), y=alt.Y("throughput:Q", scale=alt.Scale(type="log")), tooltip=tips)
     points = alt.Chart(measured).mark_point(filled=True, size=80, color=_MEASURED).encode(
         x=_x(), y=alt.Y("per_core_examples_per_s:Q", scale=alt.Scale(type="log")),
