@@ -86,14 +86,14 @@ def header(summary: dict) -> Panel:
 
 def breakdown_table(summary: dict, steps: Any, per_core: Any = None) -> Table:
     table = Table(
-        title="Where the time goes (share of the devices' wall time)",
+        title="Where the time goes (of wall: share of the devices' wall time; ms per train step)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    table.add_column("category")
+    table.add_column("category", no_wrap=True)
     table.add_column("of wall", justify="right")
-    table.add_column("ms/train step", justify="right")
+    table.add_column("ms/step", justify="right")
     table.add_column("cores min-max", justify="right")
     table.add_column("", no_wrap=True)
     for row in view.breakdown_rows(summary, steps, per_core):

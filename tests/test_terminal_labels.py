@@ -33,7 +33,7 @@ def test_temporary_database_is_never_pointed_at_and_sql_prints_with_flag(tmp_pat
 
 def test_breakdown_labels_its_base_and_splits_idle() -> None:
     out = run_cli("report", str(RUN)).stdout
-    assert "share of the devices' wall time" in out and "of wall" in out and "ms/train step" in out
+    assert "share of the devices' wall time" in out and "of wall" in out and "ms per train step" in out
     within = next(line for line in out.splitlines() if "└ within steps" in line)
     between = next(line for line in out.splitlines() if "└ between steps" in line)
     idle = next(line for line in out.splitlines() if line.strip().startswith("idle "))
