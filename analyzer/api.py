@@ -28,6 +28,7 @@ from tpuanalyze.analyzer.identity import run_identity
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
 from tpuanalyze.analyzer.platform import advice_platform, workload_mode
+from tpuanalyze.analyzer.roofline import add_roofline, device_peaks, programs_roofline, roofline_summary
 from tpuanalyze.analyzer.steps import (
     CATEGORIES,
     per_core_frame,
@@ -55,6 +56,7 @@ class RunAnalysis:
     ops: pd.DataFrame
     findings: list[dict[str, Any]] = field(default_factory=list)
     run_id: int | None = None
+    roofline_programs: pd.DataFrame = field(default_factory=pd.DataFrame)  # docs/json.md `roofline`
 
 
 def _run_row(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
@@ -221,6 +223,9 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     collectives = collectives_frame(con, rel)
     inputs = input_frame(con, rel)
     ops = ops_frame(con, run_id, rel)
+    peaks = device_peaks(con, run_id, run.get("device_type"))
+    ops = add_roofline(ops, peaks)
+    roof_programs = programs_roofline(ops, peaks)
     step_ms = step_times_ms(con, rel, keep_warmup=bool(config["warmup"].get("keep")))
     hosts = con.execute("SELECT count(*) FROM hosts WHERE run_id = ?", [int(run_id)]).fetchone()[0]
     devices = int(per_core.shape[0]) if not per_core.empty else int(run.get("num_devices") or 0)
@@ -247,9 +252,11 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     }
     summary["identity"] = run_identity(con, run_id, summary["device_type"], devices)
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
-                           collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))
+                           collectives=collectives, input=inputs, ops=ops, run_id=int(run_id),
+                           roofline_programs=roof_programs)
     host_work = host_input_work(con, run_id, config, rel)
     summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
+    summary["roofline"] = roofline_summary(ops, roof_programs, peaks)
     # before the findings, so a rule can read what the capture lacks
     summary["capture"] = {"warnings": capture_warnings(con, run_id, rel, steps, config,
                                                        summary.get("identity"))}
@@ -301,13 +308,25 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+# The JSON documents' shape version (docs/json.md): bumped when a key changes meaning or goes away;
+# new keys do not bump it.
+SCHEMA_VERSION = 2
+
+
+def json_header() -> dict[str, Any]:
+    """``schema_version`` and ``tool_version``, the first keys of every JSON document tpuanalyze writes."""
+    from tpuanalyze import __version__
+
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__}
+
+
 def report_json(analyses: Iterable[RunAnalysis],
                 cross_run_findings: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The JSON contract (docs/json.md): {"runs": [summary, ...]}, plus {"cross_run": {"findings": [...]}}
-    when the report covers several runs (scaling-limit findings of their series, empty when none),
-    plain JSON types only."""
+    """The JSON contract (docs/json.md): {"schema_version", "tool_version", "runs": [summary, ...]}, plus
+    {"cross_run": {"findings": [...]}} when the report covers several runs (scaling-limit findings of
+    their series, empty when none), plain JSON types only."""
     runs = [_jsonable(a.summary) for a in analyses]
-    document: dict[str, Any] = {"runs": runs}
+    document: dict[str, Any] = {**json_header(), "runs": runs}
     cross = list(cross_run_findings or [])
     if len(runs) > 1 or cross:
         document["cross_run"] = {"findings": _jsonable(cross)}

@@ -24,7 +24,7 @@ SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 class FindingView:
     rule: str
     severity: str
-    gain_fraction: float | None  # estimated step-time saving as a fraction of step time, if known
+    gain_fraction: float | None  # estimated step-time saving as a fraction of wall time (of the step cycle), if known
     gain_ms: float | None
     gain_text: str
     evidence_text: str
@@ -42,17 +42,55 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool, None or NaN)."""
+    return _is_number(value)
+
+
+def framework_text(op: dict, short_source: bool = False) -> str:
+    """The framework op (tf_op / JAX path) and source line of an op row, where the trace has them;
+    ``short_source`` keeps the file name and line only (narrow terminals)."""
+    parts = []
+    for key in ("tf_op", "source"):
+        value = op.get(key)
+        if isinstance(value, str) and value:
+            parts.append(value.rsplit("/", 1)[-1] if key == "source" and short_source else value)
+    return " · ".join(parts) or "–"
+
+
+def format_intensity(value: Any) -> str:
+    """FLOPs per byte: '0.125', '60.0', '1,234'; no bytes at all -> '∞'; unknown -> '–'."""
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    if not _is_number(value):
+        return "–"
+    value = float(value)
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}" if value < 10 else f"{value:.1f}"
+
+
 def format_value(value: Any) -> str:
-    """Numbers compact and readable (3 significant digits, thousands separators), the rest as text."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
+    """Numbers compact and readable (3 significant digits, thousands separators), the rest as text.
+
+    Never Python's spelling inside a sentence: None is '–' (not measured), a bool is 'yes' / 'no'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+        if value != 0 and abs(value) < 1e-3:  # 0.0000907, not 9.07e-05
+            if abs(value) < 1e-9:
+                return "≈0"
+            return f"{value:.{2 - math.floor(math.log10(abs(value)))}f}"
+        if abs(value) >= 1e12:
             return f"{value:.3g}"
+        if abs(value) >= 1e6:
+            return f"{value:,.0f}"
         if abs(value) >= 100:
             return f"{value:,.1f}"
         return f"{value:.3g}"
@@ -81,14 +119,14 @@ def format_metric(name: str, value: Any) -> str:
 
 
 def _gain_text(gain: dict, caused_by: str) -> str:
-    """'~12.3% of step time · ~4.56 ms/step (estimate)'; a caused finding says where it is counted."""
+    """'~12.3% of wall time · ~4.56 ms/step (estimate)'; a caused finding says where it is counted."""
     if caused_by:
         own = gain.get("own_fraction")
-        own_text = f"own estimate ~{own:.1%} of step time, " if _is_number(own) else ""
+        own_text = f"own estimate ~{own:.1%} of wall time, " if _is_number(own) else ""
         return f"{own_text}counted under {caused_by}"
     parts = []
     if _is_number(gain.get("fraction")):
-        parts.append(f"~{gain['fraction']:.1%} of step time")
+        parts.append(f"~{gain['fraction']:.1%} of wall time")
     if _is_number(gain.get("ms")):
         parts.append(f"~{gain['ms']:.3g} ms/step")
     text = " · ".join(parts) or "no estimate"
@@ -202,13 +240,19 @@ class BreakdownRow:
     min_share: float | None = None  # across cores (summary["across_cores"], when the analyzer gives it)
     max_share: float | None = None
     worst: str = ""  # the core (host : ordinal) that is worst for this category
+    part_of: str = ""  # a split of another row's share (idle within / between steps), shown indented
 
 
-def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[BreakdownRow]:
+def breakdown_rows(
+    summary: dict, steps: pd.DataFrame | None = None, per_core: pd.DataFrame | None = None
+) -> list[BreakdownRow]:
     """One row per category in contract order: share of wall time (the summary) and ms per train step.
 
     Shares are of the devices' wall time (eval and the idle gaps between steps included), so the
     milliseconds come from the per-step rows (mean over train steps and cores), not share x step time.
+    With ``per_core`` (wall time per core) idle is also split into idle within steps and idle between
+    steps (host overhead, catalog §3.7), two rows under it: the between-step gap is most of idle when
+    the host launches each step, and the in-step ms/step alone would hide it.
     """
     breakdown = summary.get("breakdown") or {}
     across = summary.get("across_cores") or {}
@@ -238,7 +282,37 @@ def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[Bre
         if isinstance(core, dict) and core.get("host") is not None and row.max_share != row.min_share:
             row.worst = f"{core.get('host')} : {core.get('device_ordinal')}"
         rows.append(row)
+        if category == "idle":
+            rows += _idle_split(row, steps, per_core)
     return rows
+
+
+def _idle_split(idle: BreakdownRow, steps: pd.DataFrame | None,
+                per_core: pd.DataFrame | None) -> list[BreakdownRow]:
+    """Idle within train steps and idle between steps, as shares of wall time and ms per train step."""
+    if steps is None or steps.empty or per_core is None or per_core.empty or "wall_ms" not in per_core:
+        return []
+    if "idle_ps" not in steps.columns or not idle.share:
+        return []
+    train = steps[~steps["is_eval"].fillna(False).astype(bool)] if "is_eval" in steps.columns else steps
+    if train.empty:
+        return []
+    per = train.groupby(["host", "device_ordinal"], as_index=False).agg(
+        in_step_ms=("idle_ps", lambda s: float(s.fillna(0).sum()) / 1e9), n=("idle_ps", "size"))
+    data = per_core[["host", "device_ordinal", "wall_ms", "idle"]].merge(per, on=["host", "device_ordinal"])
+    data = data[data["wall_ms"] > 0]
+    if data.empty:
+        return []
+    in_share = float((data["in_step_ms"] / data["wall_ms"]).mean())
+    between_ms = (data["idle"].fillna(0) * data["wall_ms"] - data["in_step_ms"]).clip(lower=0)
+    between_share = max(0.0, idle.share - in_share)
+    idle.ms_per_step = float(((data["in_step_ms"] + between_ms) / data["n"]).mean())
+    return [
+        BreakdownRow("idle", "within steps", in_share, float((data["in_step_ms"] / data["n"]).mean()),
+                     part_of="idle"),
+        BreakdownRow("idle", "between steps", between_share,
+                     float((between_ms / data["n"]).mean()), part_of="idle"),
+    ]
 
 
 def _warmup_kept(summary: dict) -> bool:

@@ -118,7 +118,7 @@ def test_optimizer_patterns_are_configurable(tmp_path: Path) -> None:
 
 
 def test_analyzer_never_reads_ground_truth() -> None:
-    """The analysis reads traces only; ground_truth.json is for tests (the issue's rule 8)."""
+    """The analysis reads traces only; ground_truth.json is for tests only."""
     import tpuanalyze.analyzer as analyzer_pkg
 
     folder = Path(analyzer_pkg.__file__).parent
