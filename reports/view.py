@@ -24,7 +24,7 @@ SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 class FindingView:
     rule: str
     severity: str
-    gain_fraction: float | None  # estimated step-time saving as a fraction of wall time (of the step cycle), if known
+    gain_fraction: float | None  # estimated saving as a fraction of wall time, if known
     gain_ms: float | None
     gain_text: str
     evidence_text: str
@@ -177,7 +177,9 @@ def finding_view(finding: dict) -> FindingView:
         gain_text=_gain_text(gain, caused_by),
         gain_model=str(gain.get("model") or ""),
         evidence_text=str(evidence.get("summary") or ""),
-        evidence_items=[(k.replace("_", " "), format_metric(k, v)) for k, v in metrics.items()],
+        # an unmeasured number (None / NaN) is left out rather than shown as a dash in a sentence
+        evidence_items=[(k.replace("_", " "), format_metric(k, v)) for k, v in metrics.items()
+                        if not (v is None or (isinstance(v, float) and math.isnan(v)))],
         sql=[str(evidence["sql"]).strip()] if evidence.get("sql") else [],
         recommendation=str(finding.get("recommendation") or ""),
         catalog=catalog_title(catalog) if catalog[:1].isdigit() else catalog,

@@ -36,7 +36,7 @@ def test_numbers_in_text_are_plain() -> None:
 
     assert format_value(None) == "–" and format_value(False) == "no"
     assert "e-" not in format_value(9.068e-05)
-    view = finding_view({"rule": "data-formatting", "evidence": {
+    view = finding_view({"rule": "data-formatting", "severity": "medium", "evidence": {
         "summary": "s", "metrics": {"first_conv_share_of_compute": None, "sharded": False}}})
     text = "; ".join(f"{k} {v}" for k, v in view.evidence_items)
     assert "None" not in text and "False" not in text
