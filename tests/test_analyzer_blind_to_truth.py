@@ -23,7 +23,8 @@ def _report(run_dir: Path, db: Path) -> dict:
 def test_report_is_identical_without_ground_truth(tmp_path: Path) -> None:
     run_dir = generator.generate("resnet50", chips=8, steps=3, hosts=1, scenario="input-bound",
                                  seed=1, out=tmp_path / "gen")
-    blind = tmp_path / "blind" / "plugins" / "profile" / run_dir.name  # the same layout, minus the truth
+    # the same layout and logdir name (the run's display name comes from it), minus the truth
+    blind = tmp_path / "blind" / "gen" / "plugins" / "profile" / run_dir.name
     shutil.copytree(run_dir, blind)
     (blind / "ground_truth.json").unlink()
     with_truth = _report(run_dir, tmp_path / "a.duckdb")
