@@ -25,6 +25,7 @@ from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
 from tpuanalyze.analyzer.steps import CATEGORIES, per_core_frame, per_host_frame, step_times_ms, steps_frame
+from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
 
@@ -270,7 +271,7 @@ def analyze_db(db_path: str | Path, run_ids: Iterable[int] | None = None,
     path = Path(db_path)
     if not path.exists():
         raise TpuAnalyzeError("no such database", str(path))
-    con = duckdb.connect(str(path), read_only=True)
+    con = open_database(path, read_only=True)
     try:
         if run_ids is None:
             run_ids = [r[0] for r in con.execute(

@@ -10,11 +10,13 @@ from pathlib import Path
 import click
 import pandas as pd
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.compare import LoadedRun, RunLoader, step_categories_ms
 from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling
 from tpuanalyze.reports.cmd_mlperf import wide_console
+from tpuanalyze.reports.options import wait_option
+from tpuanalyze.reports.safe_text import safe
+from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
 
@@ -82,13 +84,13 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
     """Measured runs, fits, projections (estimates), held-out check and findings of one series."""
     metric, unit = analysis.metric, analysis.unit
     categories = [c for c in CATEGORIES if c in analysis.measured]
-    title = f"{analysis.workload or 'scaling'}  ({analysis.batch_mode})"
+    title = f"{safe(analysis.workload or 'scaling')}  ({analysis.batch_mode})"
     measured = Table(title=f"{title}: measured")
     for name in ["run", "chips", f"{metric}"] + [f"{c} [{unit}] share" for c in categories] + \
             ["efficiency", "speedup"]:
         measured.add_column(name, justify="left" if name == "run" else "right")
     for row in analysis.measured.to_dict(orient="records"):
-        measured.add_row(escape(str(row["run"])), str(int(row["chips"])), _fmt(row[metric]),
+        measured.add_row(safe(str(row["run"])), str(int(row["chips"])), _fmt(row[metric]),
                          *[f"{row[c]:.3f} {row[f'{c}_share']:.1%}" for c in categories],
                          _fmt(row["per_core_throughput_rel"], "{:.1%}"), _fmt(row["speedup"], "{:.2f}x"))
     console.print(measured)
@@ -127,7 +129,7 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
     for finding in analysis.findings:
         gain = finding["estimated_gain"]
         console.print(f"[bold]{finding['rule']}[/bold] ({finding['severity']}): "
-                      f"{escape(finding['evidence']['summary'])}"
+                      f"{safe(finding['evidence']['summary'])}"
                       f"\n  recommendation (catalog §{finding['catalog']}): {finding['recommendation']}\n"
                       f"  estimated gain: {gain['ms']:.3f} {unit} per step = {gain['fraction']:.1%} "
                       f"({gain['model']}; estimate)")
@@ -139,9 +141,8 @@ def mlperf_analyses(paths: list[Path], db_path: Path | None) -> list[ScalingAnal
 
     frames = [summarize_paths(paths)] if paths else []
     if db_path is not None:
-        import duckdb
 
-        con = duckdb.connect(str(db_path), read_only=True)
+        con = open_database(db_path, read_only=True)
         try:
             frames.append(summarize_db(con))
         finally:
@@ -165,9 +166,8 @@ def _by_workload(runs: list[LoadedRun]) -> list[list[LoadedRun]]:
 
 
 def _db_trace_runs(db_path: Path) -> list[str]:
-    import duckdb
 
-    con = duckdb.connect(str(db_path), read_only=True)
+    con = open_database(db_path, read_only=True)
     try:
         return [str(r[0]) for r in con.execute(
             "SELECT run_id FROM runs WHERE source_format <> 'mlperf' ORDER BY run_id").fetchall()]
@@ -186,6 +186,7 @@ def _db_trace_runs(db_path: Path) -> list[str]:
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write JSON here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
               help="Write a self-contained HTML page with the charts here.")
+@wait_option
 def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...], project: tuple[int, ...],
             json_path: Path | None, html_path: Path | None) -> None:
     """Scaling across runs of one workload at different chip counts (traces, DB runs or MLPerf logs)."""

@@ -31,6 +31,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from tpuanalyze.reports.safe_text import safe
 
 
 class ProgressSink(Protocol):
@@ -79,7 +80,7 @@ class RichProgress(QuietProgress):
 
     def advance(self, steps: float = 1, note: str | None = None) -> None:
         super().advance(steps, note)
-        fields = {"note": note} if note is not None else {}
+        fields = {"note": safe(note)} if note is not None else {}  # a run name: data, not markup
         self._progress.update(self._task_id, advance=steps, **fields)
 
     def set_total(self, total: float | None) -> None:

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 from tpuanalyze.reports import view
 from tpuanalyze.reports.charts import CATEGORY_COLORS
+from tpuanalyze.reports.safe_text import plain, safe
 
 WIDTH = 100
 BAR_WIDTH = 30
@@ -62,7 +63,7 @@ def header(summary: dict) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("device", str(summary.get("device_type") or "unknown"))
+    grid.add_row("device", safe(summary.get("device_type") or "unknown"))
     grid.add_row(
         "hosts / cores", f"{_count(summary.get('hosts'), 'host')} · {_count(summary.get('devices'), 'core')}"
     )
@@ -72,10 +73,9 @@ def header(summary: dict) -> Panel:
     if isinstance(overlapped, (int, float)) and overlapped:
         grid.add_row("overlapped", f"{overlapped:.1%} of wall time is collectives hidden under compute")
     for note in summary.get("notes") or []:
-        grid.add_row("note", Text(str(note), style="yellow"))
-    return Panel(
-        grid, title=f"[bold]run {summary.get('run', '?')}[/bold]", title_align="left", box=box.ROUNDED
-    )
+        grid.add_row("note", Text(plain(note), style="yellow"))
+    title = Text(f"run {plain(summary.get('run', '?'))}", style="bold")
+    return Panel(grid, title=title, title_align="left", box=box.ROUNDED)
 
 
 def breakdown_table(summary: dict, steps: Any) -> Table:
@@ -120,11 +120,11 @@ def worst_table(title: str, rows: Any, keys: list[str]) -> Table | Text | None:
     for record in rows.to_dict("records"):
         vs = record.get("vs_median")
         table.add_row(
-            *[str(record[k]) for k in keys],
+            *[safe(record[k]) for k in keys],
             _num(record["step_time_ms"]),
             _num(record.get("own_ms")),
             "–" if vs is None or vs != vs else f"{vs:+.1%}",
-            str(record.get("largest_excess") or ""),
+            safe(record.get("largest_excess") or ""),
         )
     return table
 
@@ -145,8 +145,8 @@ def ops_table(ops: Any) -> Table | None:
         share = record.get("share")
         util = record.get("flop_utilization")
         table.add_row(
-            str(record.get("name")),
-            str(record.get("category") or ""),
+            safe(record.get("name")),
+            safe(record.get("category") or ""),
             _num(record.get("self_time_ms")),
             "–" if share is None or share != share else f"{share:.1%}",
             "–" if util is None or util != util else f"{util:.0%}",
@@ -162,7 +162,7 @@ def findings_block(
     parts: list[Any] = [Text(title, style="bold underline")]
     for rank, finding in enumerate(findings, start=1):
         head = Text(f"{rank}. ")
-        head.append(finding.rule, style="bold")
+        head.append(plain(finding.rule), style="bold")
         head.append(f"  [{finding.severity}]", style=SEVERITY_STYLE.get(finding.severity, "bold"))
         head.append(f"  gain {finding.gain_text}", style="green")
         parts.append(head)
@@ -170,12 +170,12 @@ def findings_block(
         grid.add_column(width=3)
         grid.add_column(style="dim", width=15)
         grid.add_column(ratio=1, overflow="fold")
-        grid.add_row("", "evidence", finding.evidence_text or "–")
+        grid.add_row("", "evidence", safe(finding.evidence_text or "–"))
         if finding.evidence_items:
-            grid.add_row("", "measured", "; ".join(f"{k} {v}" for k, v in finding.evidence_items))
-        grid.add_row("", "recommendation", finding.recommendation or "–")
+            grid.add_row("", "measured", safe("; ".join(f"{k} {v}" for k, v in finding.evidence_items)))
+        grid.add_row("", "recommendation", safe(finding.recommendation or "–"))
         if finding.catalog:
-            grid.add_row("", "catalog", finding.catalog)
+            grid.add_row("", "catalog", safe(finding.catalog))
         if finding.sql:
             grid.add_row(
                 "",
@@ -245,14 +245,14 @@ def overview_table(analyses: Sequence[Any]) -> Table:
         breakdown = summary.get("breakdown") or {}
         findings = view.ranked_findings(view.run_findings(analysis))
         table.add_row(
-            str(summary.get("run")),
-            str(summary.get("device_type") or ""),
+            safe(summary.get("run")),
+            safe(summary.get("device_type") or ""),
             view.format_value(summary.get("devices")),
             view.format_ms((summary.get("step_time_ms") or {}).get("mean")),
             f"{float(breakdown.get('compute') or 0):.0%}",
             f"{float(breakdown.get('collectives') or 0):.0%}",
             f"{float(breakdown.get('input') or 0):.0%}",
-            findings[0].rule if findings else "none",
+            safe(findings[0].rule) if findings else "none",
         )
     return table
 

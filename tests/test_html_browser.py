@@ -16,9 +16,8 @@ from tpuanalyze.reports import browser
 
 pytestmark = pytest.mark.browser
 
-needs_chromium = pytest.mark.skipif(
-    browser.find_chromium() is None, reason="headless chromium not installed (apt-get install chromium)"
-)
+# skips without chromium, fails under CI=true (conftest.chromium)
+needs_chromium = pytest.mark.usefixtures("chromium")
 
 
 def _report(tmp_path: Path, *paths: Path, name: str = "report.html", via_cli: bool = False) -> Path:
