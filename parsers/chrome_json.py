@@ -23,6 +23,8 @@ import numpy as np
 from tpuanalyze.parsers.discover import host_name
 from tpuanalyze.parsers.staging import (
     CHUNK_EVENTS,
+    MAX_LINES,
+    MAX_PLANES,
     MAX_SPAN_NS,
     STAT_DOUBLE,
     STAT_INT,
@@ -430,6 +432,12 @@ class ChromeJsonReader:
             raise TraceFormatError(
                 f"traceEvents[{index}] ({_describe(events[index])}): {exc}", self.file_path
             ) from None
+        if len(plane_of) > MAX_PLANES or len(line_of) > MAX_LINES:
+            raise TraceFormatError(
+                f"{len(plane_of):,} processes and {len(line_of):,} threads: more than a capture has "
+                f"(at most {MAX_PLANES:,} and {MAX_LINES:,})",
+                self.file_path,
+            )
         unterminated = sum(len(s) for s in open_slices.values())
         for stack in open_slices.values():
             for row, _ in stack:

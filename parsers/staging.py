@@ -104,6 +104,11 @@ def first_bad_time(start_ps: np.ndarray, duration_ps: np.ndarray) -> tuple[int, 
     return i, f"starts {when} the host's first line ({int(start_ps[i])} ps from it)"
 
 
+# Structure bounds (docs/input.md): real captures have tens of planes and thousands of lines; a
+# file with more is refused before its planes are read (200k empty planes cost 80 s otherwise).
+MAX_PLANES = 16_384
+MAX_LINES = 1_000_000
+
 # Value kinds of a stat row (StatLong.kind).
 STAT_NULL, STAT_INT, STAT_UINT, STAT_DOUBLE, STAT_TEXT, STAT_JSON = 0, 1, 2, 3, 4, 5
 
@@ -233,6 +238,8 @@ def nullable_columns(name: str, values: list[Any], kind: str) -> Columns:
 
 def lines_columns(lines: dict[str, list[Any]]) -> Columns:
     """A plane's lines (``LINE_COLUMNS`` lists, ints may be None) -> loader columns."""
+    if not lines["name"]:
+        return dict(_EMPTY_LINES)  # many planes have no lines: no arrays built for them
     columns: Columns = {
         "name": text_column(lines["name"]),
         "display_name": text_column(lines["display_name"]),
@@ -300,6 +307,12 @@ def metadata_table(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> C
 
     Typed stats go to their columns (first occurrence wins), the rest to ``stats`` JSON.
     """
+    if not rows:
+        return dict(_EMPTY_METADATA)  # planes without event metadata: no arrays built for them
+    return _build_metadata(rows)
+
+
+def _build_metadata(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> Columns:
     values: dict[str, list[Any]] = {name: [] for name in META_COLUMNS}
     for md_id, name, display_name, stats in rows:
         typed: dict[str, Any] = {}
@@ -326,3 +339,10 @@ def metadata_table(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> C
         else:
             columns.update(nullable_columns(column, values[column], kind))
     return columns
+
+
+# Shared (never written) columns of a plane without lines / event metadata.
+_EMPTY_LINES: Columns = {
+    name: values[:0] for name, values in lines_columns({**empty_lines(), "name": [None]}).items()
+}
+_EMPTY_METADATA: Columns = _build_metadata([])

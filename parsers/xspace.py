@@ -23,6 +23,8 @@ from tpuanalyze.parsers import wire
 from tpuanalyze.parsers.staging import (
     CHUNK_EVENTS,
     LINE_COLUMNS,
+    MAX_LINES,
+    MAX_PLANES,
     MAX_SPAN_NS,
     MAX_SPAN_PS,
     STAT_DOUBLE,
@@ -146,6 +148,10 @@ def _split_planes(handle: BinaryIO, end: int, where: str) -> tuple[list[tuple[in
             if pos + size > end:
                 raise TraceFormatError(_TRUNCATED, where)
             if tag >> 3 == 1:
+                if len(ranges) == MAX_PLANES:
+                    raise TraceFormatError(
+                        f"more than {MAX_PLANES:,} planes (no capture has that many: refused unread)", where
+                    )
                 ranges.append((pos, size))
                 pos += size
                 handle.seek(pos)
@@ -218,6 +224,8 @@ def _split_lines(data: bytes, where: str, what: str) -> tuple[list[tuple[int, in
         tag, start, after = _next_field(data, pos, end, where, what)
         if tag == _LINES_TAG:
             ranges.append((start, after - start))
+            if len(ranges) > MAX_LINES:
+                raise TraceFormatError(f"{what} has more than {MAX_LINES:,} lines", where)
         else:
             rest.append(data[pos:after])
         pos = after
@@ -475,6 +483,7 @@ class XSpaceReader:
             # Each plane's lines (id, display_id, name, display_name, timestamp_ns, duration_ps,
             # events): streaming then walks only the events.
             self._line_rows: list[list[tuple[Any, ...]]] = []
+            lines_seen = 0
             for index, (start, size) in enumerate(ranges):
                 plane = _Plane(_read_range(handle, start, size, where), where, index)
                 names.append(plane.name)
@@ -495,6 +504,9 @@ class XSpaceReader:
                         self.num_events += count
                     del line
                 self._line_rows.append(rows)
+                lines_seen += len(rows)
+                if lines_seen > MAX_LINES:
+                    raise TraceFormatError(f"more than {MAX_LINES:,} lines in the file", where)
                 del plane
         if not any(names):
             raise TraceFormatError("not an XSpace protobuf (no plane has a name)", where)
