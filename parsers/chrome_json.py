@@ -64,6 +64,10 @@ INT64_MIN, INT64_MAX, UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 # (a gzip bomb stops after MAX_JSON_BYTES, never inflated whole). Environment variables raise them.
 MAX_JSON_BYTES = 1 << 30
 MAX_JSON_EVENTS = 2_000_000
+# Real trace JSON inflates 5-20x (generated, very regular traces a few hundred times); gzip's
+# ceiling is ~1030x. Past 64 MiB of text, more than 500x is a decompression bomb.
+MAX_GZIP_RATIO = 500
+BOMB_CHECK_BYTES = 64 << 20
 _READ_CHUNK = 1 << 20
 _PHASE_KEY = b'"ph"'
 
@@ -92,12 +96,19 @@ class _Bounded:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.max_bytes, self.max_events = json_limits()
-        self.parts: list[bytes] = []
+        self.data = bytearray()  # grown in place: no second copy when it is done
         self.size = self.events = 0
+        self.compressed = 0  # gzip bytes read so far (0 for plain JSON)
         self.tail = b""
 
     def add(self, chunk: bytes) -> None:
         self.size += len(chunk)
+        if self.compressed and self.size > BOMB_CHECK_BYTES and self.size > MAX_GZIP_RATIO * self.compressed:
+            raise TraceFormatError(
+                f"gzip data inflates more than {MAX_GZIP_RATIO}x ({self.compressed:,} bytes to "
+                f"{self.size:,} so far): refused as a decompression bomb",
+                str(self.path),
+            )
         if self.size > self.max_bytes:
             raise TraceFormatError(
                 f"JSON text larger than {self.max_bytes:,} bytes (TPUANALYZE_MAX_JSON_BYTES; "
@@ -113,15 +124,14 @@ class _Bounded:
                 "ingest the .xplane.pb of the capture instead)",
                 str(self.path),
             )
-        self.parts.append(chunk)
+        self.data += chunk
 
-    def text(self) -> bytes:
-        data = b"".join(self.parts)
-        self.parts = []
+    def text(self) -> bytearray:
+        data, self.data = self.data, bytearray()
         return data
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path) -> bytearray:
     """The file's JSON text (gunzipped as it streams), within ``json_limits()``."""
     handle, _ = open_trace_file(path, "a Chrome trace file")
     bounded = _Bounded(path)
@@ -150,18 +160,22 @@ def _inflate(handle: Any, bounded: _Bounded, path: Path) -> None:
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     started = False  # the current member has input
     pending = b""
+    read = 0
     try:
         while True:
             if not pending:
                 pending = handle.read(_READ_CHUNK)
+                read += len(pending)
                 if not pending:
                     break
             if not started and not pending.strip(b"\0"):
                 pending = b""  # zero padding after the last member
                 continue
             started = True
-            bounded.add(inflater.decompress(pending, _READ_CHUNK))
+            out = inflater.decompress(pending, _READ_CHUNK)
             pending = inflater.unconsumed_tail
+            bounded.compressed = read - len(pending)  # input consumed so far: the ratio is exact
+            bounded.add(out)
             if inflater.eof:
                 pending = inflater.unused_data + pending
                 inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
