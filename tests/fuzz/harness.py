@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from tpuanalyze.parsers.chrome_json import ChromeJsonReader
-from tpuanalyze.parsers.mlperf import load_mlperf, read_entries
+from tpuanalyze.parsers.mlperf import load_mlperf, read_entries, summarize_file
 from tpuanalyze.parsers.staging import MAX_SPAN_NS, MAX_SPAN_PS
 from tpuanalyze.parsers.xspace import XSpaceReader
 
@@ -126,12 +126,20 @@ def _xspace_files() -> list[Path]:
     return files
 
 
-def xspace_seeds(events_per_line: int = 3, max_lines: int = 4) -> list[bytes]:
-    """Each real XSpace cut down to a few events per line (all planes, metadata kept small)."""
+def xspace_seeds(events_per_line: int = 3, max_lines: int = 3, max_planes: int = 3) -> list[bytes]:
+    """Each real XSpace cut down to a few planes, lines and events (metadata kept small)."""
     seeds = []
     for path in _xspace_files():
         space = xplane_pb2.XSpace()
         space.ParseFromString(path.read_bytes())
+        # at most max_planes planes (those with events first): each plane costs the readers a few
+        # milliseconds of fixed work, and a million inputs must fit in an hour on a shared machine
+        planes = sorted(space.planes, key=lambda p: not any(line.events for line in p.lines))[:max_planes]
+        kept = [xplane_pb2.XPlane() for _ in planes]
+        for copy, plane in zip(kept, planes, strict=True):
+            copy.CopyFrom(plane)
+        del space.planes[:]
+        space.planes.extend(kept)
         for plane in space.planes:
             keep = [line for line in plane.lines if line.events][:max_lines] or list(plane.lines)[:1]
             used: set[int] = set()
@@ -177,7 +185,7 @@ def json_seeds(events: int = 24) -> list[dict]:
     return seeds
 
 
-def mlperf_seeds(lines: int = 30) -> list[list[str]]:
+def mlperf_seeds(lines: int = 16) -> list[list[str]]:
     """Windows of real MLPerf result logs (both formats), a few per version."""
     seeds = []
     if not SHARED_MLPERF.is_dir():
@@ -257,7 +265,7 @@ def mutate_xspace(seed: bytes, rng: random.Random) -> bytes:
             [v for v in HOSTILE_VALUES if isinstance(v, str) and v != "\ud800"]
         )
     elif op == 5:
-        for i in range(rng.choice([1, 4, 20])):
+        for i in range(rng.choice([1, 4])):
             space.planes.add(id=i, name=f"/host:empty{i}")
     elif op == 6 and events:
         rng.choice(events).metadata_id = rng.choice(HOSTILE_INTS)
@@ -569,11 +577,18 @@ def expected_mlperf(text: str) -> list[tuple[float, str]] | None:
     return entries or None
 
 
-def check_mlperf(path: Path) -> Outcome:
-    """read_entries + load_mlperf (the Arrow tables ingest stores) vs an independent line parser."""
+def check_mlperf(path: Path, with_tables: bool = True) -> Outcome:
+    """read_entries + summarize_file (the rows ingest stores) vs an independent line parser; with
+    ``with_tables`` also load_mlperf (those rows as the Arrow tables, ~2 ms: the long run samples it)."""
 
     def run() -> Outcome:
         entries = read_entries(path)
+        if not with_tables:
+            summarize_file(path, path.parent, entries)
+            expected = expected_mlperf(path.read_text(encoding="utf-8", errors="replace"))
+            if expected is None or [(e.time_ms, e.key) for e in entries] != expected:
+                return Outcome("wrong", "entries differ from the independent parse")
+            return Outcome("accepted")
         tables = load_mlperf([path])
         expected = expected_mlperf(path.read_text(encoding="utf-8", errors="replace"))
         if expected is None:
