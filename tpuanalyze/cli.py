@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     except TpuAnalyzeError as exc:
         click.echo(f"tpuanalyze: error: {_one_line(str(exc))}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("tpuanalyze: aborted", err=True)
+    except click.exceptions.Abort:  # click's form of Ctrl-C (KeyboardInterrupt inside a verb)
+        click.echo("tpuanalyze: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()

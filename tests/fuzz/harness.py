@@ -529,8 +529,11 @@ def check_json(path: Path) -> Outcome:
             return Outcome("wrong", "accepted an event the format or the time policy rules out")
         if len(expected) != len(got):
             return Outcome("wrong", f"{len(got)} events vs {len(expected)} expected")
+        # times are stored relative to the host's t0 in whole nanoseconds (the earliest ts, floored),
+        # so the earliest event starts at the sub-nanosecond rest of its ts
         t0 = min((ts for ts, _ in expected), default=0.0)
-        want = sorted((round((ts - t0) * 1e6), round(dur * 1e6)) for ts, dur in expected)
+        rest_ps = (t0 * 1000 - math.floor(t0 * 1000)) * 1000
+        want = sorted((round((ts - t0) * 1e6 + rest_ps), round(dur * 1e6)) for ts, dur in expected)
         for (gs, gd), (ws, wd) in zip(sorted(got), want, strict=True):
             tolerance = 2 + 1e-9 * max(abs(ws), abs(wd))
             if abs(gs - ws) > tolerance or abs(gd - wd) > tolerance:
