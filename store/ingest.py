@@ -362,6 +362,8 @@ def _store_direct(
         _reset_counts(summary)
         if isinstance(exc, duckdb.OutOfMemoryException) and memory_limit != RETRY_MEMORY_LIMIT:
             raise _OutOfMemory() from None
+        if isinstance(exc, duckdb.InterruptException):  # Ctrl-C inside a statement: exit 130
+            raise KeyboardInterrupt() from None
         if isinstance(exc, duckdb.Error):
             raise TpuAnalyzeError(
                 f"loading failed, database unchanged: {_first_line(exc)}", str(db_path)
