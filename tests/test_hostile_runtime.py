@@ -255,3 +255,16 @@ def test_two_ingests_both_land(tmp_path: Path, pod32: Path) -> None:
     con.close()
     assert sorted(runs) == sorted([(pod32.name, 32), (RUN.name, 1)])
     assert views == 1  # each ingest's exit status 0 means its run and its views are committed
+
+
+def test_ctrl_c_during_the_analysis_of_a_database(tmp_path: Path, pod32: Path) -> None:
+    """Ctrl-C while DuckDB runs the analyzer's queries (was: "RuntimeError: Query interrupted")."""
+    db = tmp_path / "a.duckdb"
+    ingest_paths([pod32], db)
+    proc = popen("report", str(db))
+    time.sleep(1.5)  # past start-up, into the queries (a 32-host report takes several seconds)
+    assert proc.poll() is None, "report finished before the signal: the test proves nothing"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "tpuanalyze: interrupted", err
