@@ -61,7 +61,7 @@ INT64_MIN, INT64_MAX, UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 
 # Resource bounds (docs/input.md): the JSON is held whole in memory and parsed into Python objects
 # (~400 bytes per event), so a file is refused past these, checked while it is read and inflated
-# (a gzip bomb stops after MAX_JSON_BYTES, never inflated whole). Environment variables raise them.
+# (never inflated whole first). Environment variables raise them.
 MAX_JSON_BYTES = 1 << 30
 MAX_JSON_EVENTS = 2_000_000
 # Real trace JSON inflates 5-20x (generated, very regular traces a few hundred times); gzip's

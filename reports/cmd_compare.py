@@ -12,9 +12,9 @@ from rich.table import Table
 from tpuanalyze.analyzer.compare import RunComparison, RunLoader, compare_runs
 from tpuanalyze.reports.cmd_mlperf import wide_console
 from tpuanalyze.reports.options import wait_option
-from tpuanalyze.reports.safe_text import safe
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.safe_text import safe
 
 
 def _signed(value: float, unit: str = "") -> str:

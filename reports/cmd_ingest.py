@@ -6,8 +6,9 @@ import sys
 
 import click
 from tpuanalyze.reports.options import wait_option
-from tpuanalyze.reports.safe_text import plain
 from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.safe_text import plain
 
 
 @click.command("ingest")

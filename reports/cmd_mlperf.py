@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.table import Table
 from tpuanalyze.analyzer.mlperf_summary import summarize_db, summarize_paths
 from tpuanalyze.reports.options import wait_option
-from tpuanalyze.reports.safe_text import safe
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.safe_text import safe
 
 
 def wide_console() -> Console:

@@ -15,10 +15,10 @@ from tpuanalyze.analyzer.compare import LoadedRun, RunLoader, step_categories_ms
 from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling
 from tpuanalyze.reports.cmd_mlperf import wide_console
 from tpuanalyze.reports.options import wait_option
-from tpuanalyze.reports.safe_text import safe
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.safe_text import safe
 
 
 def _is_mlperf(path: Path) -> bool:

@@ -14,10 +14,10 @@ from typing import Any
 import click
 import duckdb
 from tpuanalyze.reports.options import wait_option
-from tpuanalyze.reports.safe_text import json_escape_controls, plain, safe
 from tpuanalyze.store.database import connect
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.safe_text import json_escape_controls, plain, safe
 
 
 def _jsonable(value: Any) -> Any:

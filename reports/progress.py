@@ -31,7 +31,8 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from tpuanalyze.reports.safe_text import safe
+
+from tpuanalyze.safe_text import safe
 
 
 class ProgressSink(Protocol):

@@ -21,7 +21,8 @@ from rich.table import Table
 from rich.text import Text
 from tpuanalyze.reports import view
 from tpuanalyze.reports.charts import CATEGORY_COLORS
-from tpuanalyze.reports.safe_text import plain, safe
+
+from tpuanalyze.safe_text import plain, safe
 
 WIDTH = 100
 BAR_WIDTH = 30

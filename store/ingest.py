@@ -122,7 +122,7 @@ class _Progress:
 
     def advance(self, task: int | None, amount: int = 1, description: str | None = None) -> None:
         if self.bar and task is not None:
-            from tpuanalyze.reports.safe_text import safe
+            from tpuanalyze.safe_text import safe
 
             kwargs = {"description": safe(description)} if description else {}  # file names: not markup
             self.bar.update(task, advance=amount, **kwargs)
