@@ -332,7 +332,7 @@ def test_millions_of_tiny_json_events_are_refused_before_parsing(tmp_path: Path)
     event = b'{"ph":"X","ts":1,"dur":1,"pid":1,"tid":1,"name":"a"},'
     _gzip_stream(many, b'{"traceEvents": [', event * 1000, 4000, event[:-1] + b"]}")
     result = cli("ingest", str(many), "--db", str(tmp_path / "x.duckdb"))
-    assert_refused(result, many, "more than 2,000,000 trace events", "TPUANALYZE_MAX_JSON_EVENTS")
+    assert_refused(result, many, "more than 1,000,000 trace events", "TPUANALYZE_MAX_JSON_EVENTS")
     assert _peak_child_mb() < 400
     # the bound is the documented knob: raised, a smaller file of the same kind loads
     small = tmp_path / "small.trace.json.gz"
