@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuanalyze.parsers.mlperf import is_mlperf_log
-from tpuanalyze.parsers.trace_file import file_kind, is_regular_file
+from tpuanalyze.parsers.trace_file import check_utf8_name, file_kind, is_regular_file
 
 from tpuanalyze.errors import TraceFormatError
 
@@ -199,6 +199,8 @@ def discover_inputs(paths: list[str | Path]) -> Inputs:
                     "no trace files (.xplane.pb, .trace.json[.gz]) or MLPerf result logs found", str(raw)
                 )
         inputs.notes.extend(found.notes)
+        for file in [p for run in found.runs for _, p in run.files] + found.mlperf_files:
+            check_utf8_name(file)
         for run in found.runs:
             files = {str(p.resolve()) for _, p in run.files}
             if run.source_path in seen:

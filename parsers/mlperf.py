@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     import pyarrow as pa
 
+from tpuanalyze.parsers.trace_file import check_utf8_name
+
 from tpuanalyze.errors import TraceFormatError
 
 _MLLOG = re.compile(r":::MLLOG\s+(\{.*\})\s*$")
@@ -124,6 +126,21 @@ def _metadata(value: Any) -> dict:
     return value
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _loads(text: str) -> Any:
+    """JSON of a log line; a lone surrogate escape (``"\\ud800"``) is refused: such a string
+    cannot be stored as UTF-8 (the regex spares the encode check on ordinary lines)."""
+    value = json.loads(text)
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a string holds a lone UTF-16 surrogate (not valid Unicode)") from None
+    return value
+
+
 def parse_line(line: str) -> LogEntry | None:
     """One log line as a LogEntry, None for lines that are not MLPerf log lines.
 
@@ -134,14 +151,14 @@ def parse_line(line: str) -> LogEntry | None:
         return None
     match = _MLLOG.search(line)
     if match:
-        record = json.loads(match.group(1))
+        record = _loads(match.group(1))
         if not isinstance(record, dict) or "key" not in record:
             raise ValueError("MLLOG record without a key")
         time_ms = _time(record.get("time_ms") or 0.0, "time_ms")
         return LogEntry(time_ms, str(record["key"]), record.get("value"), _metadata(record.get("metadata")))
     match = _MLL.search(line)
     if match:
-        payload = json.loads(match.group(3))
+        payload = _loads(match.group(3))
         if not isinstance(payload, dict):
             payload = {"value": payload}
         time_ms = _time(match.group(1), "the time") * 1000.0
@@ -197,6 +214,7 @@ def discover(paths: Iterable[str | Path]) -> list[ResultFolder]:
             if not candidates:
                 raise TraceFormatError("no MLPerf result logs (result_*.txt) found", str(raw))
         for file in candidates:
+            check_utf8_name(file)
             folder = folders.setdefault(file.parent, ResultFolder(file.parent))
             if file not in folder.files:
                 folder.files.append(file)

@@ -35,6 +35,16 @@ def open_trace_file(path: Path, kind: str) -> tuple[BinaryIO, int]:
     return handle, size
 
 
+def check_utf8_name(path: Path) -> None:
+    """Refuse a path whose name is not valid UTF-8 (the database stores names as UTF-8 text; Python
+    carries such bytes as lone surrogates, which no writer accepts). The error shows the bytes."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise TraceFormatError("file name is not valid UTF-8 (rename it)", shown) from None
+
+
 def file_kind(mode: int) -> str:
     """What a non-regular file is, in words."""
     kinds = (

@@ -422,3 +422,46 @@ def test_databases_that_are_not_local_files_are_refused(tmp_path: Path, target: 
     result = run_cli("ingest", str(XSPACE), "--db", target)
     assert result.returncode == 2 and "not a database file" in result.stderr, result.stderr
     assert run_cli("sql", "SELECT 1", "--db", target).returncode == 2
+
+
+def test_mlperf_lone_surrogate_escape_is_a_one_line_error(
+    tmp_path: Path, db: Path, shared_mlperf: Path
+) -> None:
+    """Found by tests/fuzz/run_fuzz.py: "\\ud800" in a log line reached Arrow as a traceback."""
+    source = sorted(shared_mlperf.rglob("result_0.txt"))[-1]
+    lines = source.read_text().splitlines()
+    lines.insert(3, ':::MLLOG {"time_ms": 1, "key": "opt_name", "value": "\\ud800", "metadata": {}}')
+    folder = tmp_path / "v0.7" / "tpu-v3-32" / "resnet"
+    folder.mkdir(parents=True)
+    (folder / "result_0.txt").write_text("\n".join(lines) + "\n")
+    before = state(db)
+    result = run_cli("ingest", str(folder), "--db", str(db))
+    assert_refused(result, (folder / "result_0.txt").resolve(), "line 4:", "lone UTF-16 surrogate")
+    assert state(db) == before
+    lines[3] = (
+        ':::MLLOG {"time_ms": 1, "key": "opt_name", "value": "\\ud83d\\ude00", "metadata": {}}'  # a pair
+    )
+    (folder / "result_0.txt").write_text("\n".join(lines) + "\n")
+    assert run_cli("ingest", str(folder), "--db", str(db)).returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["xspace", "mlperf"])
+def test_file_names_that_are_not_utf8_are_one_line_errors(
+    tmp_path: Path, db: Path, shared_mlperf: Path, kind: str
+) -> None:
+    root = os.fsencode(tmp_path)
+    if kind == "xspace":
+        os.makedirs(root + b"/walk")
+        with open(root + b"/walk/h\xff.xplane.pb", "wb") as out:
+            out.write(XSPACE.read_bytes())
+        target = tmp_path / "walk"
+    else:
+        os.makedirs(root + b"/v0.7/tpu-v3-32/b\xff")
+        with open(root + b"/v0.7/tpu-v3-32/b\xff/result_0.txt", "wb") as out:
+            out.write(sorted(shared_mlperf.rglob("result_0.txt"))[-1].read_bytes())
+        target = tmp_path / "v0.7"
+    before = state(db)
+    result = cli("ingest", str(target), "--db", str(db))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and "\\xff" in result.stderr and "not valid UTF-8" in result.stderr
+    assert state(db) == before
