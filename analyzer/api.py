@@ -20,11 +20,20 @@ import duckdb
 import pandas as pd
 from tpuanalyze.analyzer import attribution
 from tpuanalyze.analyzer.attribution import materialize_run
+from tpuanalyze.analyzer.capture_health import capture_warnings
 from tpuanalyze.analyzer.collectives import collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
+from tpuanalyze.analyzer.identity import run_identity
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
-from tpuanalyze.analyzer.steps import CATEGORIES, per_core_frame, per_host_frame, step_times_ms, steps_frame
+from tpuanalyze.analyzer.steps import (
+    CATEGORIES,
+    per_core_frame,
+    per_host_frame,
+    programs_frame,
+    step_times_ms,
+    steps_frame,
+)
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -96,15 +105,24 @@ def _notes(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
         notes.append("no steps: no Steps line, no XLA module executions and no step annotations (step_num)")
     else:
         sources = sorted(set(steps["step_source"]))
+        programs = sorted(set(steps["program"].dropna())) if "program" in steps else []
+        program = f" ({programs[0]})" if len(programs) == 1 else ""
         if "xla_modules" in sources:
-            notes.append("no Steps line: each XLA module execution on a device is treated as one step")
+            notes.append(f"no Steps line: each execution of the dominant XLA program{program} on a device is "
+                         "treated as one step")
+        if "program_launches" in sources:
+            notes.append(f"no Steps line and no XLA Modules line: each execution of the dominant program"
+                         f"{program} (its device ops launched inside one host execute call) is one step")
+        if "group_id" in sources:
+            notes.append("no Steps line: device ops grouped by the profiler's group_id, one step per group")
         if "op_span" in sources:
             notes.append("no steps: no Steps line, no XLA module executions and no step annotations "
                          "(step_num); each device's op span is treated as one step")
         if "step_annotation" in sources and not is_kineto:
             notes.append("steps from host step annotations (StepTraceAnnotation step_num); input = time from "
                          "the step's start to its first program dispatch")
-        if not has_steps_line and has_dev and not {"xla_modules", "op_span"} & set(sources):
+        if not has_steps_line and has_dev and not {"xla_modules", "op_span", "program_launches",
+                                                    "group_id"} & set(sources):
             notes.append("no Steps line on the device planes")
         if not (~steps["is_eval"]).any():
             notes.append("no train steps: only eval steps")
@@ -224,7 +242,7 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     collectives = collectives_frame(con, rel)
     inputs = input_frame(con, rel)
     ops = ops_frame(con, run_id, rel)
-    step_ms = step_times_ms(con, rel)
+    step_ms = step_times_ms(con, rel, keep_warmup=bool(config["warmup"].get("keep")))
     hosts = con.execute("SELECT count(*) FROM hosts WHERE run_id = ?", [int(run_id)]).fetchone()[0]
     devices = int(per_core.shape[0]) if not per_core.empty else int(run.get("num_devices") or 0)
     bd = _breakdown_summary(per_core, per_host)
@@ -242,17 +260,26 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
         "run_id": int(run_id),
         "eval_steps": int(steps.loc[steps["is_eval"]].groupby("step_num", dropna=False).ngroups)
         if not steps.empty else 0,
+        "warmup_steps": int(steps.loc[steps["is_warmup"] & ~steps["is_eval"], "step_num"].nunique())
+        if not steps.empty else 0,
         "across_cores": bd["across_cores"],
         "notes": (["an MLPerf result log, not a trace: nothing to attribute (see `tpuanalyze mlperf`)"]
                   if run.get("source_format") == "mlperf" else _notes(con, run_id, rel, steps)),
     }
+    summary["identity"] = run_identity(con, run_id, summary["device_type"], devices)
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
                            collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))
     host_work = host_input_work(con, run_id, config, rel)
     infeed_batch, first_conv_ms = _batch_and_first_conv(con, rel)
     summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
+    # before the findings, so a rule can read what the capture lacks
+    summary["capture"] = {"warnings": capture_warnings(con, run_id, rel, steps, config,
+                                                       summary.get("identity"))}
+    programs = programs_frame(con, rel)
+    if len(programs) > 1:
+        summary["programs"] = programs.to_dict("records")
     analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
-                                          run_metadata=run.get("metadata"), infeed_batch=infeed_batch,
+                                          infeed_batch=infeed_batch,
                                           first_conv_ms=first_conv_ms)
     summary["findings"] = analysis.findings
     return analysis

@@ -12,7 +12,13 @@ from string import Template
 from typing import Any
 
 import duckdb
-from tpuanalyze.analyzer.classify import collective_kind_sql, op_category_sql, sql_literal
+from tpuanalyze.analyzer.classify import (
+    collective_kind_sql,
+    host_transfer_sql,
+    op_category_sql,
+    sql_literal,
+    wrapped_sql,
+)
 
 SQL_PATH = Path(__file__).with_name("attribution.sql")
 _STAGE_RE = re.compile(r"^-- stage: (\w+)\s*$", re.MULTILINE)
@@ -35,13 +41,21 @@ LAZY_STAGES = {"op_steps"}
 
 def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, str]) -> dict[str, str]:
     pats = config["patterns"]
+    warm = config["warmup"]
     subs = {
         "run_filter": run_filter,
+        "wrapped": wrapped_sql(),
+        "host_transfer": host_transfer_sql(),
         "collective_kind": collective_kind_sql(),
         "op_category": op_category_sql(config),
         "pat_eval_program": sql_literal(pats["eval_program"]),
         "pat_eval_annotation": sql_literal(pats["eval_annotation"]),
         "pat_dispatch": sql_literal(pats["dispatch"]),
+        "pat_compile": sql_literal(pats["compile"]),
+        "warmup_max_steps": str(int(warm["max_steps"])),
+        "warmup_slow_factor": repr(float(warm["slow_factor"])),
+        "warmup_compile_overlap": repr(float(warm["compile_overlap"])),
+        "keep_warmup": "TRUE" if warm.get("keep") else "FALSE",
         "kineto_device_cats": "('Kernel', 'kernel', 'Memcpy', 'gpu_memcpy', 'Memset', 'gpu_memset')",
     }
     subs.update(relation)

@@ -16,6 +16,14 @@ SELECT r.run_id,
        EXISTS (SELECT 1 FROM events e
                WHERE e.run_id = r.run_id AND e.line = 'Steps'
                  AND (e.plane LIKE '/device:%')) AS has_steps_line,
+       EXISTS (SELECT 1 FROM events e
+               WHERE e.run_id = r.run_id AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%')
+           AS has_modules_line,
+       -- device ops grouped into steps by the profiler (group_id stat, e.g. TF GPU traces)
+       EXISTS (SELECT 1 FROM events e
+               WHERE e.run_id = r.run_id AND e.group_id IS NOT NULL AND e.duration_ps > 0
+                 AND (e.plane LIKE '/device:TPU:%' OR e.plane LIKE '/device:GPU:%')
+                 AND (e.line = 'XLA Ops' OR e.line LIKE 'Stream #%')) AS has_group_ids,
        -- Chrome-trace JSON from PyTorch/Kineto: GPU kernels and memcpys are events with a device
        r.source_format = 'chrome_json' AND EXISTS (
            SELECT 1 FROM events e WHERE e.run_id = r.run_id
@@ -31,7 +39,7 @@ WITH raw AS MATERIALIZED (
     SELECT e.run_id, e.host, e.device_ordinal AS device, e.plane, e.line, e.name,
            coalesce(nullif(e.display_name, ''), e.name) AS short_name,
            e.hlo_category, e.hlo_module, e.program_id, e.tf_op, e.shape, e.flops, e.bytes_accessed,
-           e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE AS on_host
+           e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE AS on_host, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
     WHERE $run_filter AND r.has_device_planes
@@ -47,7 +55,7 @@ WITH raw AS MATERIALIZED (
            coalesce(e.hlo_module, json_extract_string(e.stats, '$.hlo_module')),
            coalesce(e.program_id, TRY_CAST(json_extract_string(e.stats, '$.program_id') AS UBIGINT)),
            e.tf_op, e.shape, e.flops, e.bytes_accessed,
-           e.start_ps, e.duration_ps, e.group_id, e.step_num, TRUE
+           e.start_ps, e.duration_ps, e.group_id, e.step_num, TRUE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
     WHERE $run_filter AND NOT r.has_device_planes
@@ -57,17 +65,20 @@ WITH raw AS MATERIALIZED (
     UNION ALL
     SELECT e.run_id, e.host, coalesce(TRY_CAST(json_extract_string(e.stats, '$.device') AS INTEGER), 0),
            e.plane, e.line, e.name, e.name, e.hlo_category, e.hlo_module, e.program_id, e.tf_op, e.shape,
-           e.flops, e.bytes_accessed, e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE
+           e.flops, e.bytes_accessed, e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
     WHERE $run_filter AND r.is_kineto
       AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
       AND e.duration_ps > 0
 ), combos AS (
-    -- classify each distinct (name, category, tf_op, module) once, not every event (regexes are costly)
-    SELECT DISTINCT short_name, hlo_category, tf_op, hlo_module FROM raw
+    -- classify each distinct (op, category, tf_op, module) once, not every event (regexes are costly);
+    -- the HLO text says what an async wrapper calls and whether a transfer touches host memory
+    SELECT DISTINCT short_name, hlo_category, tf_op, hlo_module, name FROM raw
+), wrapped AS (
+    SELECT *, $wrapped AS wrapped, $host_transfer AS host_transfer FROM combos
 ), kinded AS (
-    SELECT *, $collective_kind AS collective_kind FROM combos
+    SELECT *, $collective_kind AS collective_kind FROM wrapped
 ), classified AS (
     SELECT *, $op_category AS category,
            -- control-flow containers (while/conditional/call) enclose their body ops (see att_intervals)
@@ -78,18 +89,65 @@ SELECT r.run_id, r.host, r.device, r.line,
        -- the HLO text only where shapes are read (collective payloads, infeed batch): it is long
        CASE WHEN c.category IN ('collectives', 'input') THEN r.name END AS name,
        r.short_name, r.hlo_category, r.hlo_module, r.tf_op, r.shape, r.flops, r.bytes_accessed,
-       r.start_ps, r.duration_ps, c.collective_kind, c.category, c.is_container
+       r.start_ps, r.duration_ps, c.collective_kind, c.category, c.is_container, c.wrapped, c.host_transfer,
+       r.group_id, r.correlation_id
 FROM raw r
 JOIN classified c
   ON r.short_name IS NOT DISTINCT FROM c.short_name AND r.hlo_category IS NOT DISTINCT FROM c.hlo_category
  AND r.tf_op IS NOT DISTINCT FROM c.tf_op AND r.hlo_module IS NOT DISTINCT FROM c.hlo_module
+ AND r.name IS NOT DISTINCT FROM c.name
 -- the async line only contributes collective spans (async copies there are not core-busy time)
 WHERE r.line <> 'Async XLA Ops' OR c.collective_kind IS NOT NULL;
 
+-- stage: att_programs
+-- One row per program execution on a device: the `XLA Modules` line (program = the XLA module name
+-- with its fingerprint, e.g. `jit_f(1219...)`). A trace may run several programs (init, a psum, the
+-- train step, eval); only one of them forms the step series (att_steps). Without an XLA Modules line
+-- (GPU traces of JAX), an execution is the device ops of one module launched inside one host execute
+-- call: device op -> the host launch event with its correlation_id -> the innermost host dispatch
+-- event ($pat_dispatch or GpuExecutable::ExecuteThunks) whose span holds that launch.
+WITH modules AS (
+    SELECT e.run_id, e.host, e.device_ordinal AS device,
+           coalesce(nullif(e.hlo_module, ''), e.name) AS program, e.program_id,
+           e.start_ps, e.start_ps + e.duration_ps AS end_ps, 'xla_modules' AS source
+    FROM events e JOIN $att_runs r USING (run_id)
+    WHERE $run_filter AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
+      AND e.duration_ps > 0
+), launched AS (
+    SELECT o.run_id, o.host, o.device, o.hlo_module AS program, o.start_ps, o.duration_ps, l.start_ps AS launch_ps
+    FROM $att_ops o JOIN $att_runs r USING (run_id)
+    JOIN events l ON l.run_id = o.run_id AND l.host = o.host AND l.correlation_id = o.correlation_id
+    WHERE r.has_device_planes AND NOT r.has_modules_line AND NOT r.has_steps_line AND NOT r.has_group_ids
+      AND o.hlo_module IS NOT NULL AND o.correlation_id IS NOT NULL AND l.plane LIKE '/host:%'
+), dispatch AS (
+    SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
+    FROM events e
+    WHERE $run_filter AND e.plane LIKE '/host:%' AND e.duration_ps > 0
+      AND e.run_id IN (SELECT run_id FROM launched)
+      AND (regexp_matches(e.name, $pat_dispatch) OR e.name = 'GpuExecutable::ExecuteThunks')
+), keyed AS (
+    SELECT l.run_id, l.host, l.device, l.program, l.start_ps, l.duration_ps, max(d.start_ps) AS exec_key
+    FROM launched l JOIN dispatch d
+      ON d.run_id = l.run_id AND d.host = l.host AND d.start_ps <= l.launch_ps AND d.end_ps >= l.launch_ps
+    GROUP BY ALL
+), launches AS (
+    SELECT run_id, host, device, program, CAST(NULL AS UBIGINT), min(start_ps), max(start_ps + duration_ps),
+           'program_launches'
+    FROM keyed GROUP BY run_id, host, device, program, exec_key
+)
+SELECT *, regexp_matches(lower(program), $pat_eval_program) AS named_eval
+FROM (SELECT * FROM modules UNION ALL SELECT * FROM launches);
+
 -- stage: att_steps
--- One row per device step: Steps line events on device planes; else XLA module executions on device
--- planes; else (host-only runs) StepTraceAnnotation events (stat step_num) on host threads, applied to
--- every device of that host; else one step spanning the device's ops. Eval steps by name (eval pattern).
+-- One row per device step, found as XProf finds them: the Steps line on device planes; else device ops
+-- grouped by their group_id stat (one step per group); else the executions of the dominant program
+-- (the non-eval XLA module with the most execution time: never two programs in one series); else
+-- (host-only runs) StepTraceAnnotation events (stat step_num) on host threads, applied to every device
+-- of that host; else one step spanning the device's ops. Eval steps by name (eval pattern).
+-- Warm-up: a leading train step (among the first $warmup_max_steps of its device) that runs more than
+-- $warmup_slow_factor x the device's median step, or that host compile activity (pattern
+-- `patterns.compile`) overlaps for at least $warmup_compile_overlap of its time; only an unbroken run of
+-- such steps from the start counts, and at least one step always remains.
 WITH device_list AS (
     SELECT DISTINCT run_id, host, device FROM $att_ops
 ), steps_line AS (
@@ -97,24 +155,35 @@ WITH device_list AS (
            coalesce(e.step_num, TRY_CAST(e.name AS BIGINT), e.group_id) AS step_num,
            e.start_ps, e.start_ps + e.duration_ps AS end_ps,
            regexp_matches(lower(e.name), $pat_eval_program) AS named_eval, 'steps_line' AS step_source,
-           CAST(NULL AS INTEGER) AS line_index
+           CAST(NULL AS INTEGER) AS line_index, CAST(NULL AS VARCHAR) AS program
     FROM events e JOIN $att_runs r USING (run_id)
     WHERE $run_filter AND r.has_device_planes AND e.line = 'Steps' AND e.plane LIKE '/device:%'
       AND e.duration_ps > 0
+), group_steps AS (
+    SELECT o.run_id, o.host, o.device, o.group_id, min(o.start_ps), max(o.start_ps + o.duration_ps),
+           FALSE, 'group_id', CAST(NULL AS INTEGER), CAST(NULL AS VARCHAR)
+    FROM $att_ops o JOIN $att_runs r USING (run_id)
+    WHERE r.has_device_planes AND NOT r.has_steps_line AND r.has_group_ids AND o.group_id IS NOT NULL
+      AND o.line <> 'Async XLA Ops'
+    GROUP BY o.run_id, o.host, o.device, o.group_id
+), dominant AS (
+    SELECT run_id, arg_max(program, total_ps) AS program
+    FROM (SELECT run_id, program, sum(end_ps - start_ps) AS total_ps FROM $att_programs
+          WHERE NOT named_eval GROUP BY ALL)
+    GROUP BY run_id
 ), module_steps AS (
-    SELECT e.run_id, e.host, e.device_ordinal AS device,
-           row_number() OVER (PARTITION BY e.run_id, e.host, e.device_ordinal ORDER BY e.start_ps) - 1,
-           e.start_ps, e.start_ps + e.duration_ps,
-           regexp_matches(lower(e.name), $pat_eval_program), 'xla_modules', CAST(NULL AS INTEGER)
-    FROM events e JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND r.has_device_planes AND NOT r.has_steps_line
-      AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%' AND e.duration_ps > 0
+    SELECT p.run_id, p.host, p.device,
+           row_number() OVER (PARTITION BY p.run_id, p.host, p.device ORDER BY p.start_ps) - 1,
+           p.start_ps, p.end_ps, FALSE, p.source, CAST(NULL AS INTEGER), p.program
+    FROM $att_programs p JOIN $att_runs r USING (run_id) JOIN dominant d USING (run_id, program)
+    WHERE NOT r.has_steps_line AND NOT r.has_group_ids
 ), host_steps AS (
     -- StepTraceAnnotation (step_num stat); Kineto's "ProfilerStep#N" annotations
     SELECT e.run_id, e.host, d.device,
            coalesce(e.step_num, TRY_CAST(regexp_extract(e.name, '^ProfilerStep#(\d+)$', 1) AS BIGINT)),
            e.start_ps, e.start_ps + e.duration_ps,
-           regexp_matches(lower(e.name), $pat_eval_program), 'step_annotation', e.line_index
+           regexp_matches(lower(e.name), $pat_eval_program), 'step_annotation', e.line_index,
+           CAST(NULL AS VARCHAR)
     FROM events e JOIN $att_runs r USING (run_id)
     JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
     WHERE $run_filter AND NOT r.has_device_planes AND (e.plane LIKE '/host:%' OR r.is_kineto)
@@ -124,18 +193,53 @@ WITH device_list AS (
       AND coalesce(json_extract_string(e.stats, '$.cat'), '') NOT IN $kineto_device_cats
 ), found AS (
     SELECT * FROM steps_line
+    UNION ALL SELECT * FROM group_steps
     UNION ALL SELECT * FROM module_steps
     UNION ALL SELECT * FROM host_steps
 ), op_span AS (
     -- last resort: a device with ops but no step markers at all gets one step spanning its ops
     SELECT o.run_id, o.host, o.device, CAST(0 AS BIGINT), min(o.start_ps), max(o.start_ps + o.duration_ps),
-           FALSE, 'op_span', CAST(NULL AS INTEGER)
+           FALSE, 'op_span', CAST(NULL AS INTEGER), CAST(NULL AS VARCHAR)
     FROM $att_ops o
     WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.run_id = o.run_id AND f.host = o.host)
     GROUP BY o.run_id, o.host, o.device
+), all_steps AS (
+    SELECT * FROM found
+    UNION ALL SELECT * FROM op_span
+), compile_spans AS (
+    SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
+    FROM events e
+    WHERE $run_filter AND e.plane LIKE '/host:%' AND e.duration_ps > 0
+      AND e.name ILIKE '%compil%'  -- cheap prefilter: every compile event name has it
+      AND regexp_matches(lower(e.name), $pat_compile)
+), compile_overlap AS (
+    -- the longest single compile event inside the step (compile events nest: never summed)
+    SELECT s.run_id, s.host, s.device, s.start_ps,
+           max(least(c.end_ps, s.end_ps) - greatest(c.start_ps, s.start_ps)) AS overlap_ps
+    FROM all_steps s JOIN compile_spans c
+      ON c.run_id = s.run_id AND c.host = s.host AND c.start_ps < s.end_ps AND c.end_ps > s.start_ps
+    WHERE NOT s.named_eval
+    GROUP BY ALL
+), ranked AS (
+    SELECT s.*, coalesce(o.overlap_ps, 0) AS compile_overlap_ps,
+           row_number() OVER dev - 1 AS train_rank,
+           count(*) OVER (PARTITION BY s.run_id, s.host, s.device, s.named_eval) AS train_count,
+           median(s.end_ps - s.start_ps) OVER (PARTITION BY s.run_id, s.host, s.device, s.named_eval)
+               AS median_ps
+    FROM all_steps s
+    LEFT JOIN compile_overlap o USING (run_id, host, device, start_ps)
+    WINDOW dev AS (PARTITION BY s.run_id, s.host, s.device, s.named_eval ORDER BY s.start_ps)
+), candidates AS (
+    SELECT *, NOT named_eval AND train_rank < least($warmup_max_steps, train_count - 1)
+              AND ((end_ps - start_ps) > $warmup_slow_factor * median_ps
+                   OR compile_overlap_ps >= $warmup_compile_overlap * (end_ps - start_ps)) AS candidate
+    FROM ranked
 )
-SELECT * FROM found
-UNION ALL SELECT * FROM op_span;
+SELECT run_id, host, device, step_num, start_ps, end_ps, named_eval, step_source, line_index, program,
+       candidate AND bool_and(candidate) OVER (PARTITION BY run_id, host, device, named_eval ORDER BY start_ps
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS is_warmup,
+       compile_overlap_ps
+FROM candidates;
 
 -- stage: att_eval_spans
 -- Eval time decided by program: eval steps, XLA module executions of eval programs, and (host-only
@@ -169,7 +273,8 @@ GROUP BY s.run_id, s.host, s.device, s.start_ps, s.end_ps;
 
 -- stage: att_intervals
 -- Everything the sweep needs, one row per (device, category, span). Categories get priorities:
--- eval > weight_update > compute > collectives > input > output > container (idle = none active).
+-- eval > weight_update > compute > collectives > memory_transfer > input > output > container
+-- (idle = none active).
 -- A control-flow container (while/conditional/call) counts as compute only where none of its body ops
 -- (nor anything else) runs: a childless loop op is compute, a loop's children keep their own category.
 -- Collective spans
@@ -185,14 +290,15 @@ UNION ALL SELECT run_id, host, device, 'step', NULL, start_ps, end_ps FROM $att_
 -- Boundary sweep: +1/-1 per category at every start/end, running sums in time order per device, and
 -- for each elementary interval [ts, next_ts) the highest-priority active category, the active
 -- collective kinds, and the step it lies in (ASOF join on the step start; step bounds are boundaries).
--- The counters are packed 15 bits each into two HUGEINTs (categories; collective kinds) so the window
--- computes two running sums instead of fourteen; a counter is the number of ops of that category active
--- at once on one device, far below 2^15.
+-- The counters are packed into two HUGEINTs (9 categories 14 bits each; 6 collective kinds 15 bits each)
+-- so the window computes two running sums instead of fifteen; a counter is the number of ops of that
+-- category active at once on one device, far below 2^14.
 WITH codes AS (
     SELECT *, hash(run_id, host, device) AS dev_key,  -- one integer key: cheaper to sort and group
            CASE category WHEN 'eval' THEN 0 WHEN 'weight_update' THEN 1 WHEN 'compute' THEN 2
                          WHEN 'collectives' THEN 3 WHEN 'input' THEN 4 WHEN 'output' THEN 5
-                         WHEN 'step' THEN 6 WHEN 'container' THEN 7 END AS cat_bit,
+                         WHEN 'step' THEN 6 WHEN 'container' THEN 7 WHEN 'memory_transfer' THEN 8
+                         END AS cat_bit,
            CASE kind WHEN 'all-reduce' THEN 0 WHEN 'all-gather' THEN 1 WHEN 'reduce-scatter' THEN 2
                      WHEN 'all-to-all' THEN 3 WHEN 'collective-permute' THEN 4 WHEN 'send/recv' THEN 5
                      END AS kind_bit
@@ -201,12 +307,12 @@ WITH codes AS (
     SELECT DISTINCT dev_key, run_id, host, device FROM codes
 ), points AS (
     SELECT dev_key, start_ps AS ts,
-           (1::HUGEINT << (15 * cat_bit)) AS dc,
+           (1::HUGEINT << (14 * cat_bit)) AS dc,
            CASE WHEN kind_bit IS NULL THEN 0::HUGEINT ELSE (1::HUGEINT << (15 * kind_bit)) END AS dk
     FROM codes
     UNION ALL
     SELECT dev_key, end_ps,
-           -(1::HUGEINT << (15 * cat_bit)),
+           -(1::HUGEINT << (14 * cat_bit)),
            CASE WHEN kind_bit IS NULL THEN 0::HUGEINT ELSE -(1::HUGEINT << (15 * kind_bit)) END
     FROM codes
 ), net AS (
@@ -221,9 +327,9 @@ WITH codes AS (
     WINDOW w AS (PARTITION BY dev_key ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ), counts AS (
     SELECT dev_key, ts, next_ts,
-           (c >> 0) & 32767 AS n_eval, (c >> 15) & 32767 AS n_wu, (c >> 30) & 32767 AS n_compute,
-           (c >> 45) & 32767 AS n_coll, (c >> 60) & 32767 AS n_input, (c >> 75) & 32767 AS n_output,
-           (c >> 90) & 32767 AS n_step, (c >> 105) & 32767 AS n_cont,
+           (c >> 0) & 16383 AS n_eval, (c >> 14) & 16383 AS n_wu, (c >> 28) & 16383 AS n_compute,
+           (c >> 42) & 16383 AS n_coll, (c >> 56) & 16383 AS n_input, (c >> 70) & 16383 AS n_output,
+           (c >> 84) & 16383 AS n_step, (c >> 98) & 16383 AS n_cont, (c >> 112) & 16383 AS n_mem,
            (k >> 0) & 32767 AS n_ar, (k >> 15) & 32767 AS n_ag, (k >> 30) & 32767 AS n_rs,
            (k >> 45) & 32767 AS n_a2a, (k >> 60) & 32767 AS n_cp, (k >> 75) & 32767 AS n_sr
     FROM running
@@ -234,6 +340,7 @@ WITH codes AS (
                 WHEN n_wu > 0 THEN 'weight_update'
                 WHEN n_compute > 0 THEN 'compute'
                 WHEN n_coll > 0 THEN 'collectives'
+                WHEN n_mem > 0 THEN 'memory_transfer'
                 WHEN n_input > 0 THEN 'input'
                 WHEN n_output > 0 THEN 'output'
                 WHEN n_cont > 0 THEN 'compute'
@@ -252,7 +359,7 @@ ASOF LEFT JOIN steps s ON s.run_id = x.run_id AND s.host = x.host AND s.device =
 -- stage: step_breakdown
 -- One row per device step with picoseconds per category (the `steps` DataFrame).
 WITH steps AS (
-    SELECT run_id, host, device, step_num, start_ps, end_ps, named_eval, step_source
+    SELECT run_id, host, device, step_num, start_ps, end_ps, named_eval, step_source, program, is_warmup
     FROM $att_steps
 ), assigned AS (
     SELECT run_id, host, device, step_start, category, len_ps, collective_overlapped
@@ -262,6 +369,7 @@ WITH steps AS (
            coalesce(sum(len_ps) FILTER (WHERE category = 'compute'), 0) AS compute_ps,
            coalesce(sum(len_ps) FILTER (WHERE category = 'weight_update'), 0) AS weight_update_ps,
            coalesce(sum(len_ps) FILTER (WHERE category = 'collectives'), 0) AS collectives_ps,
+           coalesce(sum(len_ps) FILTER (WHERE category = 'memory_transfer'), 0) AS memory_transfer_ps,
            coalesce(sum(len_ps) FILTER (WHERE category = 'input'), 0) AS input_ps,
            coalesce(sum(len_ps) FILTER (WHERE category = 'output'), 0) AS output_ps,
            coalesce(sum(len_ps) FILTER (WHERE category = 'eval'), 0) AS eval_ps,
@@ -276,60 +384,89 @@ SELECT s.run_id, s.host, s.device AS device_ordinal, s.step_num,
        coalesce(m.collectives_ps, 0) AS collectives_ps, coalesce(m.input_ps, 0) AS input_ps,
        coalesce(m.output_ps, 0) AS output_ps, coalesce(m.eval_ps, 0) AS eval_ps,
        -- instants not covered by any elementary interval (no op at all) are idle too
-       (s.end_ps - s.start_ps) - coalesce(m.compute_ps + m.weight_update_ps + m.collectives_ps + m.input_ps
-            + m.output_ps + m.eval_ps, 0) AS idle_ps,
+       (s.end_ps - s.start_ps) - coalesce(m.compute_ps + m.weight_update_ps + m.collectives_ps
+            + m.memory_transfer_ps + m.input_ps + m.output_ps + m.eval_ps, 0) AS idle_ps,
        coalesce(m.collectives_overlapped_ps, 0) AS collectives_overlapped_ps,
-       s.step_source
+       s.step_source, coalesce(m.memory_transfer_ps, 0) AS memory_transfer_ps, s.is_warmup, s.program
 FROM steps s
 LEFT JOIN sums m ON m.run_id = s.run_id AND m.host = s.host AND m.device = s.device AND m.step_start = s.start_ps;
 
 -- stage: device_breakdown
--- Per device: wall time (first step/eval start to last end) split into the contract's categories.
--- Train steps contribute their categories; eval steps and eval spans outside steps are eval; the rest
--- of the wall (gaps between steps) is idle (host overhead).
-WITH bounds AS (
-    SELECT run_id, host, device, min(start_ps) AS wall_start, max(end_ps) AS wall_end
-    FROM (SELECT run_id, host, device, start_ps, end_ps FROM $att_steps
-          UNION ALL SELECT run_id, host, device, start_ps, end_ps FROM $att_eval_spans)
+-- Per device: wall time (first step, program execution or eval start to the last end) split into the
+-- contract's categories. Train steps contribute their categories; eval steps and eval spans outside
+-- steps are eval; instants outside steps where an op runs (e.g. executions of programs other than the
+-- step program) go to that op's category; the rest of the wall (gaps between steps) is idle (host
+-- overhead). Warm-up steps (att_steps.is_warmup) are left out unless $keep_warmup: the wall then starts
+-- where the last warm-up step ends.
+WITH spans AS (
+    SELECT run_id, host, device, start_ps, end_ps FROM $att_steps
+    UNION ALL SELECT run_id, host, device, start_ps, end_ps FROM $att_eval_spans
+    UNION ALL SELECT run_id, host, device, start_ps, end_ps FROM $att_programs
+), warm AS (
+    SELECT run_id, host, device, max(end_ps) AS warm_end FROM $att_steps
+    WHERE is_warmup AND NOT $keep_warmup GROUP BY ALL
+), bounds AS (
+    SELECT s.run_id, s.host, s.device,
+           greatest(min(s.start_ps), coalesce(any_value(w.warm_end), min(s.start_ps))) AS wall_start,
+           max(s.end_ps) AS wall_end
+    FROM spans s LEFT JOIN warm w USING (run_id, host, device)
     GROUP BY ALL
-), outside_eval AS (
-    SELECT x.run_id, x.host, x.device, sum(x.len_ps) AS eval_ps
+), outside AS (
+    SELECT x.run_id, x.host, x.device,
+           coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'eval'), 0) AS eval_ps,
+           coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'compute'), 0) AS compute_ps,
+           coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'weight_update'), 0) AS weight_update_ps,
+           coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'collectives'), 0) AS collectives_ps,
+           coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'memory_transfer'), 0) AS memory_transfer_ps,
+           coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'input'), 0) AS input_ps,
+           coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'output'), 0) AS output_ps,
+           coalesce(sum(x.len_ps) FILTER (WHERE x.collective_overlapped), 0) AS collectives_overlapped_ps
     FROM $att_elementary x JOIN bounds b USING (run_id, host, device)
-    WHERE NOT x.in_step AND x.category = 'eval' AND x.ts >= b.wall_start AND x.ts < b.wall_end
+    WHERE NOT x.in_step AND x.ts >= b.wall_start AND x.ts < b.wall_end
     GROUP BY ALL
 ), per_step AS (
-    SELECT run_id, host, device_ordinal AS device,
+    SELECT s.run_id, s.host, s.device_ordinal AS device,
            count(*) FILTER (WHERE NOT is_eval) AS train_steps,
            count(*) FILTER (WHERE is_eval) AS eval_steps,
-           sum(duration_ps) FILTER (WHERE NOT is_eval) AS train_ps,
            avg(duration_ps) FILTER (WHERE NOT is_eval) AS mean_step_ps,
-           sum(duration_ps) AS steps_ps,
            sum(duration_ps) FILTER (WHERE is_eval) AS eval_step_ps,
            sum(compute_ps) FILTER (WHERE NOT is_eval) AS compute_ps,
            sum(weight_update_ps) FILTER (WHERE NOT is_eval) AS weight_update_ps,
            sum(collectives_ps) FILTER (WHERE NOT is_eval) AS collectives_ps,
+           sum(memory_transfer_ps) FILTER (WHERE NOT is_eval) AS memory_transfer_ps,
            sum(input_ps) FILTER (WHERE NOT is_eval) AS input_ps,
            sum(output_ps) FILTER (WHERE NOT is_eval) AS output_ps,
            sum(eval_ps) FILTER (WHERE NOT is_eval) AS eval_in_train_ps,
            sum(idle_ps) FILTER (WHERE NOT is_eval) AS idle_in_steps_ps,
            sum(collectives_overlapped_ps) FILTER (WHERE NOT is_eval) AS collectives_overlapped_ps
-    FROM $step_breakdown GROUP BY ALL
+    FROM $step_breakdown s
+    JOIN bounds b ON b.run_id = s.run_id AND b.host = s.host AND b.device = s.device_ordinal
+    WHERE s.start_ps >= b.wall_start
+    GROUP BY ALL
+), sums AS (
+    SELECT b.run_id, b.host, b.device, b.wall_end - b.wall_start AS wall_ps, p.train_steps, p.eval_steps,
+           p.mean_step_ps,
+           coalesce(p.compute_ps, 0) + coalesce(o.compute_ps, 0) AS compute_ps,
+           coalesce(p.weight_update_ps, 0) + coalesce(o.weight_update_ps, 0) AS weight_update_ps,
+           coalesce(p.collectives_ps, 0) + coalesce(o.collectives_ps, 0) AS collectives_ps,
+           coalesce(p.memory_transfer_ps, 0) + coalesce(o.memory_transfer_ps, 0) AS memory_transfer_ps,
+           coalesce(p.input_ps, 0) + coalesce(o.input_ps, 0) AS input_ps,
+           coalesce(p.output_ps, 0) + coalesce(o.output_ps, 0) AS output_ps,
+           coalesce(p.eval_step_ps, 0) + coalesce(p.eval_in_train_ps, 0) + coalesce(o.eval_ps, 0) AS eval_ps,
+           coalesce(p.idle_in_steps_ps, 0) AS idle_in_steps_ps,
+           coalesce(p.collectives_overlapped_ps, 0) + coalesce(o.collectives_overlapped_ps, 0)
+               AS collectives_overlapped_ps
+    FROM bounds b
+    LEFT JOIN per_step p USING (run_id, host, device)
+    LEFT JOIN outside o USING (run_id, host, device)
 )
-SELECT b.run_id, b.host, b.device AS device_ordinal,
-       coalesce(p.train_steps, 0) AS train_steps, coalesce(p.eval_steps, 0) AS eval_steps,
-       b.wall_end - b.wall_start AS wall_ps, p.mean_step_ps,
-       coalesce(p.compute_ps, 0) AS compute_ps, coalesce(p.weight_update_ps, 0) AS weight_update_ps,
-       coalesce(p.collectives_ps, 0) AS collectives_ps, coalesce(p.input_ps, 0) AS input_ps,
-       coalesce(p.output_ps, 0) AS output_ps,
-       coalesce(p.eval_step_ps, 0) + coalesce(p.eval_in_train_ps, 0) + coalesce(o.eval_ps, 0) AS eval_ps,
-       (b.wall_end - b.wall_start) - coalesce(p.compute_ps, 0) - coalesce(p.weight_update_ps, 0)
-         - coalesce(p.collectives_ps, 0) - coalesce(p.input_ps, 0) - coalesce(p.output_ps, 0)
-         - coalesce(p.eval_step_ps, 0) - coalesce(p.eval_in_train_ps, 0) - coalesce(o.eval_ps, 0) AS idle_ps,
-       coalesce(p.idle_in_steps_ps, 0) AS idle_in_steps_ps,
-       coalesce(p.collectives_overlapped_ps, 0) AS collectives_overlapped_ps
-FROM bounds b
-LEFT JOIN per_step p USING (run_id, host, device)
-LEFT JOIN outside_eval o USING (run_id, host, device);
+SELECT run_id, host, device AS device_ordinal,
+       coalesce(train_steps, 0) AS train_steps, coalesce(eval_steps, 0) AS eval_steps,
+       wall_ps, mean_step_ps, compute_ps, weight_update_ps, collectives_ps, input_ps, output_ps, eval_ps,
+       wall_ps - compute_ps - weight_update_ps - collectives_ps - memory_transfer_ps - input_ps - output_ps
+         - eval_ps AS idle_ps,
+       idle_in_steps_ps, collectives_overlapped_ps, memory_transfer_ps
+FROM sums;
 
 -- stage: collective_time
 -- Per device step and collective kind: exposed time (category collectives: no compute, update or eval

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,24 +11,13 @@ from typing import Any
 import duckdb
 import numpy as np
 import pandas as pd
+from tpuanalyze.analyzer.identity import differences, platform_key
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
 
-IN_STEP_CATEGORIES = ["compute", "weight_update", "collectives", "input", "output", "idle"]
+IN_STEP_CATEGORIES = ["compute", "weight_update", "collectives", "memory_transfer", "input", "output", "idle"]
 _DB_SUFFIXES = (".duckdb", ".db", ".ddb")
-
-# Where a trace may state its topology and batch: plane stats (e.g. a '/host:metadata' or 'Task
-# Environment' plane) or runs.metadata. Several spellings are accepted; the first found wins.
-_FACT_KEYS = {
-    "chips": ["chips", "num_chips", "tpu_chips", "topology_chips", "total_chips"],
-    "cores": ["cores", "num_cores", "tpu_cores", "total_cores", "num_tpu_cores"],
-    "global_batch": ["global_batch", "global_batch_size"],
-    "per_core_batch": ["per_core_batch", "per_core_batch_size", "batch_per_core"],
-    "workload": ["model", "model_name", "workload", "benchmark"],
-    "scenario": ["scenario"],
-}
-
 
 @dataclass
 class LoadedRun:
@@ -45,72 +32,24 @@ class LoadedRun:
 
 # --- facts of a run (chips, batch, workload) -----------------------------------------------------------
 
-def _parse_json(value: Any) -> dict:
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str) and value.strip().startswith("{"):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            return {}
-        return parsed if isinstance(parsed, dict) else {}
-    return {}
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            _flatten(str(key), inner, out)
-    elif prefix and prefix.lower() not in out:
-        out[prefix.lower()] = value
-
-
-def run_facts(con: duckdb.DuckDBPyConnection, run_id: int,
-              cores_per_chip: int | None = None) -> dict[str, Any]:
-    """Chips, cores, batch and workload of a trace run, from the trace's own stats (never from the
-    generator's ground_truth.json). Chips fall back to TPU cores / cores per chip of the traced hosts."""
-    row = con.execute("SELECT metadata, num_devices, device_type FROM runs WHERE run_id = ?",
-                      [int(run_id)]).fetchone()
-    if row is None:
-        raise TpuAnalyzeError(f"no run with id {run_id} in the database")
-    found: dict[str, Any] = {}
-    _flatten("", _parse_json(row[0]), found)
-    metadata_planes = con.execute(
-        "SELECT stats FROM planes WHERE run_id = ? AND stats IS NOT NULL "
-        "ORDER BY (kind IN ('tpu', 'gpu')), plane_index", [int(run_id)]).fetchall()
-    for (stats,) in metadata_planes:
-        _flatten("", _parse_json(stats), found)
-    facts: dict[str, Any] = {}
-    for fact, keys in _FACT_KEYS.items():
-        for key in keys:
-            if found.get(key) not in (None, ""):
-                facts[fact] = found[key]
-                break
-    for fact in ("chips", "cores", "global_batch"):
-        if fact in facts:
-            try:
-                facts[fact] = int(float(facts[fact]))
-            except (TypeError, ValueError):
-                facts.pop(fact)
-    if "per_core_batch" in facts:
-        try:
-            facts["per_core_batch"] = float(facts["per_core_batch"])
-        except (TypeError, ValueError):
-            facts.pop("per_core_batch")
-    device_type = (row[2] or "").lower()
-    # TPU v2/v3 chips hold 2 TensorCores, each its own device plane (catalog §2)
-    per_chip = cores_per_chip or (2 if re.search(r"tpu v[23]\b", device_type) else 1)
-    if "chips" not in facts and "cores" in facts:
-        facts["chips"] = max(1, facts["cores"] // per_chip)
-    if "chips" not in facts and row[1]:
-        facts["chips"] = max(1, int(row[1]) // per_chip)
-        facts["chips_source"] = "traced devices (hosts may be sampled: use --chips RUN=N)"
-    else:
-        facts.setdefault("chips_source", "trace stats")
-    facts.setdefault("cores", facts["chips"] * per_chip if "chips" in facts else None)
-    if "per_core_batch" not in facts and facts.get("global_batch") and facts.get("cores"):
-        facts["per_core_batch"] = facts["global_batch"] / facts["cores"]
-    return facts
+def run_facts(analysis: Any) -> dict[str, Any]:
+    """Chips, cores, batch, workload and platform of an analyzed run, from its ``identity`` (the trace's
+    own facts, analyzer/identity.py; never the generator's metadata or ground_truth.json)."""
+    identity = dict(analysis.summary.get("identity") or {})
+    per_chip = identity.get("cores_per_chip") or 1
+    chips = identity.get("chips")
+    workload = identity.get("workload") or {}
+    return {
+        "chips": chips,
+        "chips_source": identity.get("chips_source"),
+        "cores": chips * per_chip if chips else None,
+        "cores_per_chip": per_chip,
+        "per_core_batch": identity.get("per_core_batch"),
+        "global_batch": identity.get("global_batch"),
+        "workload": workload.get("label"),
+        "platform": platform_key(identity),
+        "identity": identity,
+    }
 
 
 # --- resolving user arguments into analyzed runs ------------------------------------------------------
@@ -133,8 +72,9 @@ def _lookup(con: duckdb.DuckDBPyConnection, ref: str, db_label: str) -> list[tup
                            [int(ref)]).fetchall()
     else:
         rows = con.execute(
-            "SELECT run_id, name, source_format FROM runs WHERE name = ? OR source_path = ? ORDER BY run_id",
-            [ref, str(Path(ref).resolve()) if ref else ref]).fetchall()
+            "SELECT run_id, name, source_format FROM runs WHERE name = ? OR source_path = ? "
+            "OR (? <> '' AND ends_with(name, '/' || ?)) ORDER BY run_id",
+            [ref, str(Path(ref).resolve()) if ref else ref, ref, ref]).fetchall()
     if not rows:
         raise TpuAnalyzeError(f"no run '{ref}' in the database", db_label)
     if any(r[2] == "mlperf" for r in rows):
@@ -220,13 +160,57 @@ class RunLoader:
         for db, run_id, name in resolved:
             con = self._connect(db)
             analysis = analyze_run(con, run_id, self.thresholds)
-            facts = run_facts(con, run_id)
+            facts = run_facts(analysis)
             if chips_override:
                 facts["chips"], facts["chips_source"] = chips_override, "--chips override"
-                facts["cores"] = chips_override * 2 if not facts.get("cores") else facts["cores"]
+                facts["cores"] = chips_override * facts["cores_per_chip"]
             label = spec if len(resolved) == 1 else f"{spec} [{name}]"
             runs.append(LoadedRun(label, run_id, name, analysis, facts))
         return runs
+
+
+# --- may these runs be compared? -----------------------------------------------------------------------
+
+ALLOW_MIXED_FLAG = "--allow-mixed"
+
+
+def check_comparable(runs: list[LoadedRun], allow_mixed: bool = False) -> list[str]:
+    """Refuse runs of different platforms or workloads (``TpuAnalyzeError``, one line naming both runs
+    and what differs); with ``allow_mixed`` the differences come back as warnings instead."""
+    warnings = []
+    first = runs[0]
+    for other in runs[1:]:
+        diff = differences(first.facts.get("identity") or {}, other.facts.get("identity") or {})
+        if not diff:
+            continue
+        text = f"{first.label} and {other.label} are not the same workload on the same platform: " + \
+            "; ".join(diff)
+        if not allow_mixed:
+            raise TpuAnalyzeError(f"{text} ({ALLOW_MIXED_FLAG} compares them anyway)")
+        warnings.append(f"{text} (compared anyway: {ALLOW_MIXED_FLAG})")
+    return warnings
+
+
+def size_warnings(a: LoadedRun, b: LoadedRun) -> list[str]:
+    """Chips or per-core batch that differ between two compared runs: step times then differ for that
+    reason too (throughput per chip compares such runs: ``compare --per-chip``)."""
+    out = []
+    if a.facts.get("chips") and b.facts.get("chips") and a.facts["chips"] != b.facts["chips"]:
+        out.append(f"chips differ: A {a.facts['chips']} vs B {b.facts['chips']}")
+    ba, bb = a.facts.get("per_core_batch"), b.facts.get("per_core_batch")
+    if ba and bb and ba != bb:
+        out.append(f"per-core batch differs: A {ba:g} vs B {bb:g}")
+    return out
+
+
+def throughput_per_chip(run: LoadedRun, step_ms: float) -> float | None:
+    """Examples per second per chip (global batch / step time / chips), when the trace states the batch;
+    else train steps per second per chip."""
+    chips = run.facts.get("chips")
+    if not chips or not step_ms:
+        return None
+    work = run.facts.get("global_batch") or 1.0
+    return float(work) / (step_ms / 1e3) / float(chips)
 
 
 # --- per-step numbers of an analyzed run --------------------------------------------------------------
@@ -235,6 +219,9 @@ def step_categories_ms(analysis: Any) -> dict[str, float]:
     """Mean train-step time and each in-step category in ms per step (devices pooled)."""
     steps = analysis.steps
     train = steps[~steps["is_eval"].astype(bool)] if not steps.empty else steps
+    if "is_warmup" in train and not train.empty:  # warm-up steps stay out, as in step_time_ms
+        warm = train["is_warmup"].astype(bool)
+        train = train[~warm] if not warm.all() else train
     if train.empty:
         mean = (analysis.summary.get("step_time_ms") or {}).get("mean")
         if mean is None:
@@ -245,7 +232,8 @@ def step_categories_ms(analysis: Any) -> dict[str, float]:
                 **{c: float(mean) * breakdown.get(c, 0.0) / in_step for c in IN_STEP_CATEGORIES}}
     out = {"step_time_ms": float(train["duration_ps"].mean()) / 1e9}
     for category in IN_STEP_CATEGORIES:
-        out[category] = float(train[f"{category}_ps"].fillna(0).mean()) / 1e9
+        column = f"{category}_ps"
+        out[category] = float(train[column].fillna(0).mean()) / 1e9 if column in train else 0.0
     out["collectives_overlapped"] = float(train["collectives_overlapped_ps"].fillna(0).mean()) / 1e9
     return out
 
@@ -277,17 +265,28 @@ class RunComparison:
     findings_appeared: list[dict]
     findings_resolved: list[dict]
     findings_kept: list[str]
+    warnings: list[str] = field(default_factory=list)
+    throughput_per_chip: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def slower_pct(self) -> float:
         """How much slower B's step is than A's, in percent (negative: B is faster)."""
         return (self.step_b_ms - self.step_a_ms) / self.step_a_ms * 100.0
 
+    @property
+    def slower_per_chip_pct(self) -> float | None:
+        """How much lower B's throughput per chip is than A's, in percent (None when unknown)."""
+        a, b = self.throughput_per_chip.get("a"), self.throughput_per_chip.get("b")
+        return (a - b) / a * 100.0 if a and b else None
+
     def to_json(self) -> dict:
         return {
             "a": self.a, "b": self.b,
             "step_time_ms": {"a": self.step_a_ms, "b": self.step_b_ms},
             "b_slower_pct": self.slower_pct,
+            "throughput_per_chip": {**self.throughput_per_chip, "unit": self.throughput_per_chip.get("unit"),
+                                    "b_slower_pct": self.slower_per_chip_pct},
+            "warnings": self.warnings,
             "breakdown": _records(self.breakdown),
             "top_ops": _records(self.ops),
             "findings": {"appeared": self.findings_appeared, "resolved": self.findings_resolved,
@@ -326,6 +325,14 @@ def compare_runs(a: LoadedRun, b: LoadedRun, top: int = 10) -> RunComparison:
     ops = ops.reindex(ops["delta_ms"].abs().sort_values(ascending=False).index).head(top)
     ops = ops[["name", "category", "a_ms", "b_ms", "delta_ms", "status"]].reset_index(drop=True)
 
+    per_chip_unit = "examples/s per chip" if a.facts.get("global_batch") and b.facts.get("global_batch") \
+        else "steps/s per chip"
+    if per_chip_unit == "steps/s per chip":  # one unit for both, or the two numbers do not compare
+        tpc = {"a": 1e3 / cats_a["step_time_ms"] / a.facts["chips"] if a.facts.get("chips") else None,
+               "b": 1e3 / cats_b["step_time_ms"] / b.facts["chips"] if b.facts.get("chips") else None}
+    else:
+        tpc = {"a": throughput_per_chip(a, cats_a["step_time_ms"]),
+               "b": throughput_per_chip(b, cats_b["step_time_ms"])}
     findings_a = {_finding_key(f): f for f in a.analysis.findings or []}
     findings_b = {_finding_key(f): f for f in b.analysis.findings or []}
     return RunComparison(
@@ -334,6 +341,8 @@ def compare_runs(a: LoadedRun, b: LoadedRun, top: int = 10) -> RunComparison:
         findings_appeared=[_brief(findings_b[k]) for k in findings_b if k not in findings_a],
         findings_resolved=[_brief(findings_a[k]) for k in findings_a if k not in findings_b],
         findings_kept=sorted(k for k in findings_a if k in findings_b),
+        warnings=size_warnings(a, b),
+        throughput_per_chip={**tpc, "unit": per_chip_unit},
     )
 
 

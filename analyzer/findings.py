@@ -346,7 +346,9 @@ def _weight_update_unsharded(c: _Ctx, t: dict) -> list[dict]:  # catalog §3.2
     sev = severity(c.frac["weight_update"], th["medium"], th["high"])
     if not sev:
         return []
-    replicas = max(int(c.a.summary.get("devices") or 1), 1)
+    # the run's data-parallel replicas (the gradient all-reduce's group), not the cores written
+    identity = c.a.summary.get("identity") or {}
+    replicas = max(int(identity.get("replicas") or c.a.summary.get("devices") or 1), 1)
     return [_finding(
         "weight-update-unsharded", sev,
         f"the optimizer update is {c.frac['weight_update']:.1%} of step time "
@@ -405,30 +407,10 @@ def _host_overhead(c: _Ctx, t: dict) -> list[dict]:  # catalog §3.7, §4: idle 
 _BATCH_RE = re.compile(r"\[(\d+)[,\]]")
 
 
-def _per_core_batch(c: _Ctx, run_metadata: Any) -> tuple[float | None, str]:
-    """Per-core batch: from run metadata (global_batch / devices) if present, else the infeed shape's
-    leading dimension (what one core receives per step)."""
-    meta = run_metadata if isinstance(run_metadata, dict) else None
-    if isinstance(run_metadata, str):
-        import json
-        try:
-            meta = json.loads(run_metadata)
-        except ValueError:
-            meta = None
-    if meta:
-        for key in ("per_core_batch",):
-            if isinstance(meta.get(key), (int, float)):
-                return float(meta[key]), "run metadata per_core_batch"
-        if isinstance(meta.get("global_batch"), (int, float)) and c.a.summary.get("devices"):
-            return float(meta["global_batch"]) / float(c.a.summary["devices"]), "run metadata global_batch"
-    return None, ""
-
-
 def _data_parallel_limit(c: _Ctx, t: dict, run_metadata: Any, infeed_batch: float | None) -> list[dict]:
     th = t["data_parallel_limit"]  # catalog §3.1, §3.13
-    batch, source = _per_core_batch(c, run_metadata)
-    if batch is None and infeed_batch is not None:
-        batch, source = infeed_batch, "leading dimension of the infeed shape"
+    # per-core batch as the trace states it (no generator-only metadata): the infeed's leading dimension
+    batch, source = infeed_batch, "leading dimension of the infeed shape"
     if batch is None:
         return []
     partitioned = not c.coll.empty and "collective-permute" in c.coll.index

@@ -20,12 +20,17 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pandas as pd
+from tpuanalyze.analyzer.workload_facts import facts_for, partition_for
 
 SUMMARY_COLUMNS = [
     "folder", "submitter_path", "version", "benchmark", "framework", "cores", "chips", "runs",
     "counted_runs", "failed_runs", "time_to_train_s", "scoring", "epochs", "eval_count", "eval_share",
     "global_batch_size", "per_core_batch", "opt_name", "step_ms_est", "train_samples",
+    "eval_s", "lead_s", "init_s", "examples_per_epoch", "partition",
 ]
+# Eval spans covering nearly the whole run are asynchronous evaluation stamped from the block it
+# overlaps (SSD's COCO eval, catalog §3.10): it runs beside training and costs the run ~nothing.
+ASYNC_EVAL_COVERAGE = 0.9
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,34 @@ def step_estimates_ms(results: pd.DataFrame, intervals: pd.DataFrame) -> pd.Seri
     return (per_file["block_ms"] / steps).where(steps > 0)
 
 
+def file_timeline(results: pd.DataFrame, intervals: pd.DataFrame | None) -> pd.DataFrame:
+    """Per result file, from the logs' intervals: ``eval_s`` = evaluation wall time inside the run that
+    training waits for (0 when asynchronous, see ASYNC_EVAL_COVERAGE), ``lead_s`` = run_start to the
+    first training block (initialization inside the timed run), ``init_s`` = init_start..init_stop
+    (before run_start: not part of the MLPerf time to train)."""
+    out = pd.DataFrame({"result_file": results["result_file"]}).set_index("result_file")
+    duration_s = ((results["run_stop_ms"] - results["run_start_ms"]) / 1000.0).to_numpy()
+    eval_s = (results["eval_ms"] / 1000.0).to_numpy()
+    sequential = np.where(eval_s < ASYNC_EVAL_COVERAGE * duration_s, eval_s, 0.0)
+    out["eval_s"] = np.where(np.isnan(eval_s), 0.0, sequential)
+    out["lead_s"], out["init_s"] = np.nan, np.nan
+    if intervals is None or intervals.empty:
+        return out
+    blocks = intervals[intervals["kind"] == "block"].groupby("result_file")["start_ms"].min()
+    runs = intervals[intervals["kind"] == "run"].groupby("result_file")["start_ms"].min()
+    inits = intervals[intervals["kind"] == "init"].assign(
+        s=lambda f: (f["stop_ms"] - f["start_ms"]) / 1000.0).groupby("result_file")["s"].first()
+    out["lead_s"] = ((blocks - runs) / 1000.0).clip(lower=0).reindex(out.index)
+    out["init_s"] = inits.reindex(out.index)
+    return out
+
+
 def summarize(results: pd.DataFrame, intervals: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per result folder (columns SUMMARY_COLUMNS), sorted by version, benchmark, chips."""
     results = results.copy()
     results["duration_s"] = (results["run_stop_ms"] - results["run_start_ms"]) / 1000.0
     steps = step_estimates_ms(results, intervals) if intervals is not None else pd.Series(dtype=float)
+    timeline = file_timeline(results, intervals)
     rows = []
     for folder, group in results.groupby("folder", sort=False):
         first = group.iloc[0]
@@ -121,10 +149,41 @@ def summarize(results: pd.DataFrame, intervals: pd.DataFrame | None = None) -> p
             "opt_name": _mode(group["opt_name"]),
             "step_ms_est": float(step_values.mean()) if len(step_values) else None,
             "train_samples": _int_or_none(_mode(group["train_samples"])),
+            **_timeline_means(timeline, _counted_files(good, dropped=len(group) - len(good))),
+            "examples_per_epoch": _examples_per_epoch(_mode(group["train_samples"]), first["benchmark"],
+                                                      batch),
+            "partition": partition_for(first["version"], first["benchmark"], _int_or_none(first["chips"])),
         })
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     return summary.sort_values(["version", "benchmark", "chips", "framework"], na_position="last",
                                ignore_index=True)
+
+
+def _counted_files(good: pd.DataFrame, dropped: int) -> pd.Series:
+    """The result files the olympic score averages (see olympic_score): the best dropped, and the worst
+    when no failed run stands for it; all of them when there are too few to drop any."""
+    ordered = good.sort_values("duration_s")["result_file"]
+    if len(ordered) + dropped < 3 or len(ordered) < 2:
+        return ordered
+    return ordered.iloc[1:] if dropped else ordered.iloc[1:-1]
+
+
+def _timeline_means(timeline: pd.DataFrame, files: pd.Series) -> dict[str, float | None]:
+    """Means over the files the time to train counts, so evals and lead match the scored runs."""
+    rows = timeline.reindex(files)
+    return {k: (float(rows[k].mean()) if rows[k].notna().any() else None)
+            for k in ("eval_s", "lead_s", "init_s")}
+
+
+def _examples_per_epoch(logged, benchmark: str, batch) -> int | None:
+    """Logged ``train_samples`` / ``num_train_examples``, else the benchmark's documented constant.
+    In BERT logs an "epoch" is a step (catalog §5): one global batch."""
+    if "bert" in str(benchmark).lower():
+        return _int_or_none(batch)
+    if logged is not None and not pd.isna(logged):
+        return int(logged)
+    facts = facts_for(benchmark)
+    return facts.examples_per_epoch if facts else None
 
 
 def _mode(values: pd.Series):
@@ -165,7 +224,8 @@ def summarize_db(con: duckdb.DuckDBPyConnection, run_ids: Iterable[int] | None =
 
 def scaling_series(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per (version, benchmark, framework) measured at 2+ chip counts: the table the scaling fit takes
-    (run, chips, cores, time_to_train_s, epochs, global_batch, per_core_batch)."""
+    (run, chips, cores, time_to_train_s, epochs, global_batch, per_core_batch, and for the time-to-train
+    model eval_s, eval_count, lead_s, init_s, examples_per_epoch, partition, version, benchmark)."""
     frame = summary[summary["time_to_train_s"].notna() & summary["chips"].notna()].copy()
     frame["framework"] = frame["framework"].astype(object).fillna("")
     series: dict[str, pd.DataFrame] = {}
@@ -178,5 +238,9 @@ def scaling_series(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
             "cores": group["cores"].astype(float), "time_to_train_s": group["time_to_train_s"],
             "epochs": group["epochs"], "global_batch": group["global_batch_size"],
             "per_core_batch": group["per_core_batch"],
+            "eval_s": group["eval_s"], "eval_count": group["eval_count"], "lead_s": group["lead_s"],
+            "init_s": group["init_s"], "examples_per_epoch": group["examples_per_epoch"],
+            "partition": group["partition"], "version": version, "benchmark": benchmark,
+            "folder": group["folder"],
         }).sort_values("chips", ignore_index=True)
     return series

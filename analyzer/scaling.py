@@ -30,7 +30,7 @@ import pandas as pd
 
 from tpuanalyze.errors import TpuAnalyzeError
 
-CATEGORIES = ["compute", "weight_update", "collectives", "input", "output", "eval", "idle"]
+CATEGORIES = ["compute", "weight_update", "collectives", "memory_transfer", "input", "output", "eval", "idle"]
 # Categories whose time per step is proportional to the examples a core processes per step.
 BATCH_PROPORTIONAL = {"compute", "input"}
 # Exposed all-reduce time per step does not fall with more replicas of a fixed model (catalog §2).
@@ -48,7 +48,8 @@ _FORMS: dict[str, tuple[list[Callable[[np.ndarray], np.ndarray]], str]] = {
 }
 # With two runs the data cannot choose between two-parameter forms: the cost model does. Collectives:
 # a ring all-reduce moves (n-1)/n * M/B = M/B - (M/B)/n (catalog §2), i.e. a + b/N with b < 0.
-_PRIOR = {"compute": "inverse", "weight_update": "inverse", "collectives": "inverse", "input": "inverse",
+_PRIOR = {"compute": "inverse", "weight_update": "inverse", "collectives": "inverse",
+          "memory_transfer": "inverse", "input": "inverse",
           "output": "inverse", "eval": "inverse", "idle": "log", "other": "inverse", "total": "power"}
 _FLAT = 0.02          # two runs within 2% of each other: a constant
 _TIE = 0.005          # leave-one-out errors within 0.5% of the step are a tie: prefer the simpler form
@@ -187,6 +188,10 @@ class ScalingAnalysis:
     growing: str | None
     findings: list[dict]
     holdout: dict[str, Any] | None   # the largest run predicted from the others
+    time_to_train: dict[str, Any] | None = None   # time-to-train model (MLPerf, or traces placed in one)
+    joined: list[dict] = field(default_factory=list)  # trace runs beside the MLPerf result at their chips
+    model: Any = field(default=None, repr=False)     # the TimeToTrainModel (not in the JSON)
+    limits: dict[str, Any] | None = None             # data-parallel limit, fixed > compute, remedies
 
     def to_json(self) -> dict:
         """The scaling JSON document (see docs/scaling.md)."""
@@ -207,6 +212,9 @@ class ScalingAnalysis:
             "growing_category": self.growing,
             "holdout": self.holdout,
             "findings": self.findings,
+            "time_to_train": self.time_to_train,
+            "limits": self.limits,
+            "joined_mlperf": self.joined,
         }
 
 
@@ -256,10 +264,25 @@ def _cores(frame: pd.DataFrame) -> pd.Series:
     return frame["chips"].astype(float) * 2.0  # TPU v3: 2 TensorCores per chip (catalog §2)
 
 
+Target = int | tuple[int, int | None]   # chips, or (chips, global batch at that scale or None)
+
+
+def _split_targets(project_to: Sequence[Target] | None) -> list[tuple[int, int | None]]:
+    return [(int(t[0]), None if t[1] is None else int(t[1])) if isinstance(t, tuple) else (int(t), None)
+            for t in project_to or []]
+
+
 def analyze_scaling(frame: pd.DataFrame, metric: str = "step_time_ms", workload: str = "",
-                    project_to: Sequence[int] | None = None) -> ScalingAnalysis:
-    """Fit the series, project it and derive the scaling-limit findings."""
+                    project_to: Sequence[Target] | None = None) -> ScalingAnalysis:
+    """Fit the series, project it and derive the scaling-limit findings.
+
+    ``project_to`` adds projections: chip counts, or (chips, global batch) pairs. A time-to-train
+    series with the logs' facts (epochs, batch, examples per epoch) uses the time-to-train model
+    (``analyzer/time_to_train.py``)."""
     frame = _validate(frame.copy(), metric)
+    targets = _split_targets(project_to)
+    if metric == "time_to_train_s" and _has_time_to_train_facts(frame):
+        return _analyze_time_to_train(frame, workload, targets)
     unit = "s" if metric.endswith("_s") else "ms"
     categories = [c for c in CATEGORIES if c in frame and frame[c].notna().all()]
     mode = batch_mode(frame)
@@ -268,12 +291,16 @@ def analyze_scaling(frame: pd.DataFrame, metric: str = "step_time_ms", workload:
 
     fits = analyze_scaling_fits(frame, metric)
     measured = _measured_table(frame, metric, categories, cores)
-    projection = _project(fits, _projection_chips(chips, project_to), frame, metric, categories)
+    batches = {c: b for c, b in targets if b is not None}
+    projection = _project(fits, _projection_chips(chips, [c for c, _ in targets]), frame, metric, categories,
+                          batches)
     crossovers = _crossovers(fits, frame, categories)
+    limits = trace_limits(fits, frame)
     growing = _growing(measured, categories)
     holdout = holdout_check(frame, metric) if frame["chips"].nunique() >= 3 else None
     analysis = ScalingAnalysis(workload, metric, unit, mode, measured, fits, projection, crossovers,
                                growing, [], holdout)
+    analysis.limits = limits
     analysis.findings = scaling_findings(analysis)
     return analysis
 
@@ -380,16 +407,30 @@ def _projection_chips(chips: np.ndarray, project_to: Sequence[int] | None) -> np
     return np.array(sorted(set(base + [int(c) for c in extra])), dtype=float)
 
 
-def _project(fits, targets, frame, metric, categories) -> pd.DataFrame:
+def _project(fits, targets, frame, metric, categories, batches: dict[int, int] | None = None
+             ) -> pd.DataFrame:
     factors = factors_at(frame, targets)
+    given = np.array([float((batches or {}).get(int(c), np.nan)) for c in targets])
+    if "per_core_batch" in factors and np.isfinite(given).any():
+        # a stated global batch at that scale: its per-core batch drives compute and input
+        factors["per_core_batch"] = np.where(np.isfinite(given), given / (targets * _cores_per_chip(frame)),
+                                             factors["per_core_batch"])
     predictions = predict(fits, targets, factors)
     total = sum(predictions.values())
     out = pd.DataFrame({"chips": targets.astype(int), f"{metric}_est": total})
     for category in categories:
         out[f"{category}_est"] = predictions[category]
         out[f"{category}_share_est"] = predictions[category] / total
-    out["measured"] = out["chips"].isin(set(frame["chips"].astype(int)))
+    out["measured"] = out["chips"].isin(set(frame["chips"].astype(int))) & ~np.isfinite(given)
     out["error_est"] = _relative_error(fits, frame, metric)
+    loo = all(f.loo_error is not None for f in fits.values())
+    out["error_kind"] = "leave-one-out" if loo else "in-sample (too few runs for leave-one-out)"
+    if "per_core_batch" in factors:
+        out["per_core_batch"] = factors["per_core_batch"]
+        out["global_batch"] = factors["per_core_batch"] * targets * _cores_per_chip(frame)
+        out["batch_source"] = np.where(np.isfinite(given), "given", np.where(
+            out["measured"], "measured", projection_assumption(frame)))
+    out["label"] = "estimate"
     cores = targets * _cores_per_chip(frame)
     with np.errstate(divide="ignore", invalid="ignore"):
         if metric == "time_to_train_s":
@@ -400,6 +441,94 @@ def _project(fits, targets, frame, metric, categories) -> pd.DataFrame:
             base = _number(frame.iloc[0], "per_core_batch", 1.0) / frame[metric].iloc[0]
         out["per_core_throughput_rel_est"] = np.where(total > 0, work / base, np.nan)
     return out
+
+
+_TTT_FACTS = ("cores", "epochs", "global_batch", "examples_per_epoch")
+
+
+def _has_time_to_train_facts(frame: pd.DataFrame) -> bool:
+    return all(c in frame and frame[c].notna().all() for c in _TTT_FACTS)
+
+
+def _analyze_time_to_train(frame: pd.DataFrame, workload: str, targets: list[tuple[int, int | None]]
+                           ) -> ScalingAnalysis:
+    """An MLPerf series through the time-to-train model: epochs(batch) x steps x step(b, P) + evals."""
+    from tpuanalyze.analyzer.time_to_train import TimeToTrainModel, projection_table
+
+    metric = "time_to_train_s"
+    benchmark = str(frame["benchmark"].iloc[0]) if "benchmark" in frame else workload
+    model = TimeToTrainModel.fit(frame, benchmark)
+    measured = _measured_table(frame, metric, [], _cores(frame))
+    runs = model.runs
+    measured["step_time_ms"] = runs["step_s"].to_numpy() * 1e3
+    measured["steps"] = runs["steps"].to_numpy()
+    for column in ("eval_s", "lead_s", "partition", "examples_per_epoch"):
+        measured[column] = runs[column].to_numpy()
+    measured["per_core_examples_per_s"] = (runs["epochs"] * runs["examples_per_epoch"] / (
+        runs["time_to_train_s"] * runs["cores"])).to_numpy()
+    chips = sorted({int(c) for c in frame["chips"]})
+    wanted = [(c, None) for c in chips] + [(chips[-1] * 2 ** k, None) for k in range(1, 4)] + targets
+    seen: set[tuple[int, int | None]] = set()
+    wanted = [t for t in wanted if not (t in seen or seen.add(t))]
+    projection = projection_table(model, sorted(wanted, key=lambda t: (t[0], t[1] or 0)))
+    projection["error_kind"] = "leave-one-out"
+    holdout = model.holdout()
+    limits = model.limits()
+    ttt = {
+        "model": "time = epochs(B) x examples/B x (c_P x b + d) + evals x eval(N) + lead (docs/scaling.md)",
+        "label": "estimate",
+        "step": model.step_model_json(),
+        "epochs": model.epochs_model.to_json(),
+        "examples_per_epoch": int(runs["examples_per_epoch"].iloc[-1]),
+        "batch_assumption": model.default_batch(float(chips[-1]) * 2)[1],
+        "leave_one_out": model.leave_one_out(),
+        "loo_error": model.loo_error(),
+        "init_s_outside_time_to_train": [None if pd.isna(v) else float(v) for v in runs.get(
+            "init_s", pd.Series([None] * len(runs)))],
+        "limits": limits,
+    }
+    fits = analyze_scaling_fits(frame, metric)
+    return ScalingAnalysis(workload, metric, "s", batch_mode(frame), measured, fits, projection, {},
+                           None, [], holdout, ttt, model=model, limits=limits)
+
+
+def link_traces_and_logs(analyses: Sequence[ScalingAnalysis], lone: Sequence[pd.DataFrame] = ()) -> None:
+    """One model for traces and logs of a workload: a trace series' measured steps join the step points
+    of the MLPerf series of the same benchmark (its time-to-train projection then uses the logs'
+    epochs(batch) and evals), and every trace run at a logged chip count is shown beside that result."""
+    from tpuanalyze.analyzer.time_to_train import projection_table
+    from tpuanalyze.analyzer.workload_facts import canonical
+
+    logs = [a for a in analyses if a.model is not None]
+    for frame in lone:  # trace runs at a single chip count: only the side-by-side
+        workload = next((str(w) for w in frame.get("workload", pd.Series(dtype=object)).dropna()), "")
+        for log in (a for a in logs if canonical(a.model.workload) == canonical(workload) and workload):
+            log.joined.extend(log.model.join(frame))
+    for trace in (a for a in analyses if a.model is None and a.metric == "step_time_ms"):
+        name = canonical(trace.workload)
+        chips = set(trace.measured["chips"].astype(int))
+        matches = [a for a in logs if canonical(a.model.workload) == name]
+        if not name or not matches:
+            continue
+        log = max(matches, key=lambda a: (len(chips & set(a.measured["chips"].astype(int))), a.workload))
+        joined = log.model.join(trace.measured)
+        log.joined.extend(joined)
+        trace.joined = joined
+        combined = log.model.with_traces(trace.measured)
+        if combined.traces is None:
+            continue
+        batches = combined.traces.set_index(combined.traces["chips"].astype(int))["global_batch"]
+        largest = int(max(chips))
+        batch_at = batches.groupby(level=0).last()
+        targets = [(int(c), int(batch_at.loc[c])) for c in sorted(chips)] + \
+            [(largest * 2 ** k, None) for k in range(1, 4)]
+        rows = projection_table(combined, targets)
+        trace.time_to_train = {
+            "label": "estimate",
+            "model": f"the {log.workload} time-to-train model with these trace runs among its step points",
+            "from_logs": log.workload, "step": combined.step_model_json(),
+            "loo_error_logs": combined.loo_error(), "projection": _records(rows), "joined_mlperf": joined,
+        }
 
 
 def _number(row: pd.Series, key: str, default: float) -> float:
@@ -436,6 +565,64 @@ def _crossovers(fits, frame, categories) -> dict[str, float | None]:
         above = np.nonzero(predictions[category] > predictions["compute"])[0]
         out[category] = float(grid[above[0]]) if len(above) else None
     return out
+
+
+SHRINKING = ("compute", "input")   # per example: they shrink with the per-core batch (catalog §3.1, §3.8)
+PARTITION_WAYS = 4                  # the partitioning the v0.6 submissions used past the limit (§1)
+
+
+def trace_limits(fits: dict[str, CategoryFit], frame: pd.DataFrame) -> dict[str, Any] | None:
+    """The limit of a trace series (estimates from the category fits): where the per-core batch reaches
+    1 at the capped global batch (catalog §3.1), where the non-shrinking categories together pass
+    compute + input (§3.13), and the catalog remedies' gains per step at the data-parallel limit."""
+    if "compute" not in fits or "per_core_batch" not in frame or frame["per_core_batch"].isna().any():
+        return None
+    cpc = _cores_per_chip(frame)
+    if "global_batch" in frame and frame["global_batch"].notna().all():
+        cap = float(frame["global_batch"].max())
+    else:
+        cap = float((frame["per_core_batch"] * _cores(frame)).max())
+    largest = float(frame["chips"].max())
+
+    def at(chips: np.ndarray, per_core: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        factors = factors_at(frame, chips)
+        capped = cap / (chips * cpc)
+        factors["per_core_batch"] = np.where(chips > largest, capped, factors["per_core_batch"]) \
+            if per_core is None else per_core
+        return predict(fits, chips, factors)
+
+    grid = np.unique(np.concatenate([np.geomspace(frame["chips"].min(), MAX_PROJECTED_CHIPS, 400),
+                                     frame["chips"].astype(float)]))
+    parts = at(grid)
+    shrinking = sum(parts[c] for c in SHRINKING if c in parts)
+    fixed = sum(v for c, v in parts.items() if c not in SHRINKING)
+    above = np.nonzero(fixed > shrinking)[0]
+    limit = cap / cpc                                        # one example per core
+    chips = float(2 ** round(math.log2(limit)))
+    here = at(np.array([chips]), np.array([cap / (chips * cpc)]))
+    step = float(sum(v[0] for v in here.values()))
+    wider = at(np.array([chips * PARTITION_WAYS]), np.array([cap / (chips * cpc * PARTITION_WAYS)]))
+    remedies = [
+        {"remedy": f"{PARTITION_WAYS}-way model/spatial partitioning", "catalog": "3.1",
+         "at_chips": int(chips * PARTITION_WAYS), "gain_ms": step - float(sum(v[0] for v in wider.values())),
+         "model": f"{PARTITION_WAYS}x the chips at the same global batch; compute and input per example as "
+                  "fitted (perfect partitioning, a bound), the other categories as fitted at those chips"},
+        {"remedy": "weight-update sharding", "catalog": "3.2", "at_chips": int(chips),
+         "gain_ms": float(here.get("weight_update", [0.0])[0]) * (1 - 1 / (chips * cpc)),
+         "model": "update x (1 - 1/N replicas) (catalog §3.2)"},
+        {"remedy": "bf16 gradient all-reduce", "catalog": "3.4", "at_chips": int(chips),
+         "gain_ms": 0.5 * float(here.get("collectives", [0.0])[0]),
+         "model": "half the exposed all-reduce (catalog §3.4)"},
+    ]
+    for remedy in remedies:
+        remedy["fraction"] = remedy["gain_ms"] / step if step else None
+        remedy["label"] = "estimate"
+    return {"label": "estimate", "convergence_cap_batch": int(cap),
+            "data_parallel_limit_chips": int(round(limit)),
+            "data_parallel_limit_rule": "per-core batch reaches 1 at the largest global batch (catalog §3.1)",
+            "fixed_passes_compute_chips": int(round(float(grid[above[0]]))) if len(above) else None,
+            "fixed_passes_compute_rule": "collectives + weight update + output + idle pass compute + input",
+            "at_chips": int(chips), "step_time_ms_est": step, "remedies": remedies}
 
 
 def _growing(measured: pd.DataFrame, categories: list[str]) -> str | None:

@@ -256,7 +256,11 @@ def build_train_program(
 
     algo = scen.allreduce_algo
     dtype = "f32" if scen.grad_dtype == "f32" else "bf16"
-    groups = f"replica_groups=[1,{topo.cores // p}]<=[{topo.cores // p}]"
+    # the gradient all-reduce runs over the replicas: one group per partition, written in XLA's iota form
+    # over every device of the job (G groups of S devices), as a real capture's HLO text states it
+    replicas = topo.cores // p
+    groups = (f"replica_groups=[{p},{replicas}]<=[{replicas},{p}]T(1,0)" if p > 1
+              else f"replica_groups=[1,{replicas}]<=[{replicas}]") + ", use_global_device_ids=true"
 
     def collective(
         opcode: str, category: str, nbytes: float, comm: float, role: str, bucket: int, tf_op: str

@@ -225,7 +225,9 @@ class HostWriter:
             self.scen.eval_distributed,
         )
         planes.append(cpu.SerializeToString())
-        planes.append(metadata_plane({**self.info, "host_index": int(host)}).SerializeToString())
+        # as JAX writes it (a real capture keeps HLO protos here); the run's configuration is NOT written:
+        # the analyzer must find chips, batch and workload from what real traces carry
+        planes.append(metadata_plane({}).SerializeToString())
         size = write_space(self.run_dir / f"{hostname}.xplane.pb", hostname, planes)
         return HostResult(host, swept, cat_time, infeed_ps, size)
 

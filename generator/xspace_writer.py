@@ -229,8 +229,8 @@ def host_cpu_plane(
 
 
 def metadata_plane(info: dict) -> pb.XPlane:
-    """`/host:metadata` with the run configuration as plane stats (a generator addition: real captures
-    keep HLO protos here; analyzers may use these when present)."""
+    """`/host:metadata` with the given plane stats (the writer passes none: a real capture keeps HLO
+    protos here and states no run configuration, so neither does the generator)."""
     plane = pb.XPlane(id=0, name="/host:metadata")
     for i, (key, value) in enumerate(info.items(), start=1):
         plane.stat_metadata[i].id = i

@@ -18,11 +18,12 @@ import pandas as pd
 
 # The attribution categories in the order of the design contract (the priority order, with eval first
 # decided), and one fixed color each so every chart and the terminal agree.
-CATEGORIES = ["compute", "weight_update", "collectives", "input", "output", "eval", "idle"]
+CATEGORIES = ["compute", "weight_update", "collectives", "memory_transfer", "input", "output", "eval", "idle"]
 CATEGORY_COLORS = {
     "compute": "#4c78a8",
     "weight_update": "#72b7b2",
     "collectives": "#f58518",
+    "memory_transfer": "#eeca3b",
     "input": "#e45756",
     "output": "#b279a2",
     "eval": "#54a24b",
@@ -32,6 +33,7 @@ CATEGORY_LABELS = {
     "compute": "compute",
     "weight_update": "weight update",
     "collectives": "collectives (exposed)",
+    "memory_transfer": "memory transfers (waits)",
     "input": "input (infeed)",
     "output": "output (outfeed)",
     "eval": "eval",

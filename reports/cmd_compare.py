@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
-from tpuanalyze.analyzer.compare import RunComparison, RunLoader, compare_runs
+from tpuanalyze.analyzer.compare import RunComparison, RunLoader, check_comparable, compare_runs
 from tpuanalyze.reports.cmd_mlperf import wide_console
 from tpuanalyze.reports.options import wait_option
 
@@ -32,6 +32,11 @@ def render(comparison: RunComparison, console: Console) -> None:
         label = row.category + (" (hidden, not in step)" if row.category == "collectives_overlapped" else "")
         head.add_row(label, f"{row.a_ms:.3f} ms  {row.a_share:5.1%}",
                      f"{row.b_ms:.3f} ms  {row.b_share:5.1%}", _signed(row.delta_ms, " ms"))
+    per_chip = comparison.throughput_per_chip
+    if per_chip.get("a") and per_chip.get("b"):
+        head.add_row(f"throughput per chip ({per_chip['unit']})", f"{per_chip['a']:.4g}",
+                     f"{per_chip['b']:.4g}",
+                     f"{per_chip['b'] - per_chip['a']:+.4g} ({-(comparison.slower_per_chip_pct or 0):+.1f}%)")
     console.print(head)
     if not comparison.ops.empty:
         ops = Table(title="ops that changed most (ms per device step)")
@@ -57,12 +62,17 @@ def render(comparison: RunComparison, console: Console) -> None:
               help="Database holding the runs when A/B are run ids or names (or use DB:RUN, trace paths).")
 @click.option("--fail-if-slower", "fail_pct", type=float, default=None, metavar="PCT",
               help="Exit with status 1 when B's step time is more than PCT percent slower than A's.")
+@click.option("--per-chip", "per_chip", is_flag=True,
+              help="Gate on throughput per chip (examples/s per chip when both traces state the batch, else "
+                   "steps/s per chip) instead of step time: for runs at different chip counts.")
+@click.option("--allow-mixed", "allow_mixed", is_flag=True,
+              help="Compare runs of different workloads or platforms anyway (with a warning).")
 @click.option("--top", type=int, default=10, show_default=True, help="How many changed ops to list.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Also write the comparison as JSON to FILE.")
 @wait_option
-def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None, top: int,
-            json_path: Path | None) -> None:
+def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None, per_chip: bool,
+            allow_mixed: bool, top: int, json_path: Path | None) -> None:
     """Compare run B against run A (RUNS = A B: trace paths, DB:RUN, or run ids/names in --db)."""
     if len(runs) != 2:
         raise TpuAnalyzeError(f"compare takes exactly 2 runs (A B), got {len(runs)}")
@@ -78,12 +88,20 @@ def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None,
                 raise TpuAnalyzeError(f"names {len(loaded)} runs ({names}); compare takes exactly one run "
                                       "per argument (use DB:RUN)", spec)
             loaded_runs.append(loaded[0])
+        mixed = check_comparable(loaded_runs, allow_mixed)
         comparison = compare_runs(loaded_runs[0], loaded_runs[1], top=top)
+    comparison.warnings[:0] = mixed
+    for warning in comparison.warnings:
+        click.echo(f"tpuanalyze: warning: {warning}", err=True)
     render(comparison, wide_console())
     if json_path is not None:
         json_path.write_text(json.dumps(comparison.to_json(), indent=2, default=str))
-    if fail_pct is not None and comparison.slower_pct > fail_pct:
-        click.echo(f"tpuanalyze: B is {comparison.slower_pct:.2f}% slower than A "
+    if per_chip and comparison.slower_per_chip_pct is None:
+        raise TpuAnalyzeError("--per-chip: the chip count of A or B is unknown")
+    slower = comparison.slower_per_chip_pct if per_chip else comparison.slower_pct
+    measure = "throughput per chip" if per_chip else "step time"
+    if fail_pct is not None and slower is not None and slower > fail_pct:
+        click.echo(f"tpuanalyze: B is {slower:.2f}% slower than A by {measure} "
                    f"(limit {fail_pct:g}%)", err=True)
         # sys.exit, not click's Exit: with standalone_mode=False click returns Exit's code instead of
         # raising it, and tpuanalyze.cli.main would drop it

@@ -93,12 +93,18 @@ def analyse(
     selectors: Sequence[str],
     thresholds: Path | None,
     show_progress: bool,
+    xprof: bool = False,
+    keep_warmup: bool = False,
 ) -> tuple[list[Any], list[Any] | None]:
-    """RunAnalysis of each selected run, read-only, with a progress bar; and their scaling series, if any."""
+    """RunAnalysis of each selected run, read-only, with a progress bar; and their scaling series, if any.
+    With ``xprof``, XProf's numbers on the same files go into each summary (``xprof``)."""
     import duckdb
     from tpuanalyze.analyzer.api import analyze_run, load_thresholds
 
     config = load_thresholds(thresholds) if thresholds is not None else None
+    if keep_warmup:  # warm-up steps stay in the step statistics (docs/attribution.md)
+        config = config or load_thresholds()
+        config["warmup"]["keep"] = True
     try:
         con = open_database(db_path, read_only=True)
     except duckdb.Error as exc:
@@ -120,51 +126,61 @@ def analyse(
                 bar.advance(0, note=str(names.get(run_id, run_id)))
                 analyses.append(analyze_run(con, run_id, config))
                 bar.advance(1)
+        if xprof:
+            from tpuanalyze.reports.xprof_side import attach
+
+            with progress.phase("running XProf on the same files", enabled=show_progress):
+                attach(con, list(run_ids), analyses)
         series = scaling_series(con, run_ids, analyses)
         if series is not None:
-            analyses = [analyses[i] for i in chips_order(con, run_ids)]
+            analyses = [analyses[i] for i in chips_order(analyses)]
         return analyses, series
     finally:
         con.close()
 
 
 def scaling_series(con: Any, run_ids: Sequence[int], analyses: list[Any]) -> list[Any] | None:
-    """The runs as one scaling series (``[ScalingAnalysis]``) when they are one workload at 2+ chip counts.
+    """One scaling series (``ScalingAnalysis``) per group of runs of the same workload on the same
+    platform measured at 2+ chip counts; None when no group qualifies (no section).
 
-    Built exactly as ``tpuanalyze scaling`` builds it (chips, batch and workload from the trace's own
-    stats, never from the number of traced hosts, which may be a sample). Otherwise None: no section.
+    Built exactly as ``tpuanalyze scaling`` builds it (chips, batch, workload and platform from the
+    trace's own identity, never from the number of traced hosts, which may be a sample). Runs whose
+    workload or platform the trace does not state join no series.
     """
     if len(analyses) < 2:
         return None
     try:
         from tpuanalyze.analyzer.compare import LoadedRun, run_facts
+        from tpuanalyze.analyzer.identity import comparable_key
         from tpuanalyze.analyzer.scaling import analyze_scaling
         from tpuanalyze.reports.cmd_scaling import trace_series
     except ImportError:
         return None
-    runs = []
+    groups: dict[tuple, list[Any]] = {}
     for run_id, analysis in zip(run_ids, analyses, strict=True):
         name = str(analysis.summary.get("run"))
-        runs.append(
-            LoadedRun(label=name, run_id=run_id, name=name, analysis=analysis, facts=run_facts(con, run_id))
-        )
-    if any(not r.facts.get("chips") for r in runs) or len({r.facts["chips"] for r in runs}) < 2:
-        return None
-    if len({r.facts.get("workload") for r in runs}) > 1:
-        return None
-    try:
-        frame = trace_series(runs, {})
-        return [analyze_scaling(frame, workload=str(runs[0].facts.get("workload") or ""))]
-    except (TpuAnalyzeError, ValueError):
-        return None
+        run = LoadedRun(label=name, run_id=run_id, name=name, analysis=analysis, facts=run_facts(analysis))
+        key = comparable_key(run.facts["identity"])
+        if key is not None and run.facts.get("chips"):
+            groups.setdefault(key, []).append(run)
+    series = []
+    for runs in groups.values():
+        if len({r.facts["chips"] for r in runs}) < 2:
+            continue
+        try:
+            frame = trace_series(runs, {})
+            series.append(analyze_scaling(frame, workload=str(runs[0].facts.get("workload") or "")))
+        except (TpuAnalyzeError, ValueError):
+            continue
+    return series or None
 
 
-def chips_order(con: Any, run_ids: Sequence[int]) -> list[int]:
+def chips_order(analyses: Sequence[Any]) -> list[int]:
     """Positions of the runs from the smallest slice up (a scaling series reads best that way)."""
     from tpuanalyze.analyzer.compare import run_facts
 
-    chips = [run_facts(con, run_id).get("chips") or 0 for run_id in run_ids]
-    return sorted(range(len(run_ids)), key=lambda i: chips[i])
+    chips = [run_facts(a).get("chips") or 0 for a in analyses]
+    return sorted(range(len(analyses)), key=lambda i: chips[i])
 
 
 def _write_json(analyses: Sequence[Any], target: str) -> None:
@@ -233,7 +249,19 @@ def _write_html(
     metavar="NAME|ID",
     help="With a database PATH: report only these runs (repeatable; default all trace runs).",
 )
+@click.option(
+    "--xprof",
+    "with_xprof",
+    is_flag=True,
+    help="Also run XProf on the same files and show its step time, idle, infeed and all-reduce shares "
+    "beside ours (needs the xprof extra, or TPUANALYZE_XPROF_PYTHON).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No terminal summary (only the files asked for).")
+@click.option(
+    "--keep-warmup",
+    is_flag=True,
+    help="Keep warm-up steps (compilation) in the step statistics; by default they are flagged and left out.",
+)
 @click.option(
     "--progress/--no-progress",
     "show_progress",
@@ -248,8 +276,10 @@ def command(
     html_path: Path | None,
     thresholds: Path | None,
     run_selectors: tuple[str, ...],
+    with_xprof: bool,
     quiet: bool,
     show_progress: bool | None,
+    keep_warmup: bool = False,
 ) -> None:
     """Analyse traces (or a tpuanalyze database) and report: terminal summary, --html, --json.
 
@@ -265,6 +295,10 @@ def command(
             raise TpuAnalyzeError("cannot write here: no such directory", str(target))
     if thresholds is not None and not thresholds.is_file():
         raise TpuAnalyzeError("no such thresholds file", str(thresholds))
+    if with_xprof:  # before a long analysis: without XProf, one line saying how to get it
+        from tpuanalyze.reports.xprof_side import xprof_python
+
+        xprof_python()
     show = progress.resolve_enabled(show_progress)
     databases = [p for p in paths if is_duckdb_file(p)]
     if databases:
@@ -274,7 +308,8 @@ def command(
             raise TpuAnalyzeError(
                 "--db is for ingesting traces; the PATH is already a database", str(db_path)
             )
-        analyses, series = analyse(databases[0], None, run_selectors, thresholds, show)
+        analyses, series = analyse(databases[0], None, run_selectors, thresholds, show, with_xprof,
+                                   keep_warmup)
         database_note = str(databases[0])
     else:
         if run_selectors:
@@ -285,7 +320,7 @@ def command(
             if db_path is not None and thresholds is not None:
                 # ingest installed the default-threshold views; custom thresholds replace them
                 _install_views(db_path, thresholds)
-            analyses, series = analyse(target, run_ids, (), thresholds, show)
+            analyses, series = analyse(target, run_ids, (), thresholds, show, with_xprof, keep_warmup)
         database_note = str(db_path) if db_path is not None else None
     emit_reports(analyses, json_path, html_path, quiet, show, database_note, series)
 
@@ -304,6 +339,10 @@ def emit_reports(
 
     if not quiet and json_path != "-":
         terminal.print_summary(analyses, series=series or ())
+        if any("xprof" in a.summary for a in analyses):
+            from tpuanalyze.reports.xprof_side import print_xprof
+
+            print_xprof(list(analyses), terminal.make_console(sys.stdout))
         if database is None:
             click.echo(
                 "(temporary database; add --db FILE to keep it and rerun the findings' SQL "

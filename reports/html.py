@@ -23,6 +23,8 @@ from typing import Any
 import altair as alt
 import jinja2
 from tpuanalyze.reports import charts, view
+from tpuanalyze.reports.identity_view import identity_rows
+from tpuanalyze.reports.xprof_side import xprof_rows
 
 from tpuanalyze import __version__
 
@@ -55,6 +57,10 @@ class RunSection:
     worst_hosts: list[dict]
     top_ops: list[dict]
     charts: dict[str, ChartBlock] = field(default_factory=dict)
+    identity: list[tuple[str, str]] = field(default_factory=list)
+    xprof: list[dict] = field(default_factory=list)
+    capture_warnings: list[dict] = field(default_factory=list)
+    programs: list[dict] = field(default_factory=list)
 
 
 @lru_cache(maxsize=1)
@@ -116,6 +122,10 @@ def run_section(index: int, analysis: Any) -> RunSection:
         top_ops=_records(ops.sort_values("self_time_ms", ascending=False).head(15))
         if ops is not None and not ops.empty
         else [],
+        identity=identity_rows(summary),
+        xprof=xprof_rows(summary),
+        capture_warnings=view.capture_warnings(summary),
+        programs=view.program_rows(summary),
     )
     no_steps = "no device steps in this trace"
     section.charts = {

@@ -83,7 +83,11 @@ def step_time_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     points = alt.Chart(measured).mark_point(filled=True, size=80, color="#e45756").encode(
         x=_x(), y=y, tooltip=["run:N", "chips:Q", alt.Tooltip("value:Q", title=f"measured [{unit}]",
                                                               format=".3f")])
-    return (band + line + points).properties(
+    boundaries = _boundaries(analysis)
+    hi = float(analysis.projection["chips"].max())
+    boundaries = boundaries[boundaries["chips"] <= hi]
+    lo = float(analysis.measured["chips"].min())
+    return alt.layer(band, line, points, *_rules(boundaries, lo, hi)).properties(
         width=420, height=260,
         title=f"{label} vs chips (dots measured; dashed fitted estimate, shaded its error range)")
 
@@ -166,8 +170,196 @@ def efficiency_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
                                       title="scaling efficiency (dots measured, dashed fitted estimate)")
 
 
+# --- the time-to-train model (MLPerf series, and trace series placed in it) -----------------------------
+
+_MEASURED, _ESTIMATE, _BOUNDARY = "#e45756", "#4c78a8", "#72b7b2"
+
+
+def _boundaries(analysis: ScalingAnalysis) -> pd.DataFrame:
+    """Regime boundaries of a series (estimates): the data-parallel limit and where the non-shrinking
+    step passes compute (``analysis.limits``)."""
+    rows = []
+    limits = analysis.limits
+    if limits:
+        cap = limits["convergence_cap_batch"]
+        rows.append({"chips": limits["data_parallel_limit_chips"],
+                     "boundary": f"data-parallel limit (1 per core at batch {cap})"})
+        if limits.get("fixed_passes_compute_chips"):
+            rows.append({"chips": limits["fixed_passes_compute_chips"],
+                         "boundary": "non-shrinking step > compute"})
+    out = pd.DataFrame(rows, columns=["chips", "boundary"]).sort_values("chips", ignore_index=True)
+    out["label_y"] = 4 + 13 * np.arange(len(out))   # pixels from the top: labels never overlap
+    return out
+
+
+def _grid(analysis: ScalingAnalysis, boundaries: pd.DataFrame) -> np.ndarray:
+    lo = float(analysis.measured["chips"].min())
+    hi = float(analysis.projection["chips"].max())
+    if not boundaries.empty:
+        hi = max(hi, min(float(boundaries["chips"].max()) * 2, hi * 16))
+    steps = int(round(2 * np.log2(hi / lo))) + 1
+    return np.unique(np.concatenate([lo * np.exp2(np.arange(steps) / 2), analysis.measured["chips"]]))
+
+
+def _rules(boundaries: pd.DataFrame, lo: float, hi: float) -> list[alt.Chart]:
+    """Vertical rules at the boundaries, labelled to the right of the rule in the left part of the
+    axis [lo, hi] and to its left in the right part (labels stay inside the plot)."""
+    if boundaries.empty:
+        return []
+    tooltip = [alt.Tooltip("boundary:N", title="regime boundary (estimate)"),
+               alt.Tooltip("chips:Q", format="d")]
+    layers: list[alt.Chart] = [alt.Chart(boundaries).mark_rule(color=_BOUNDARY, strokeWidth=2).encode(
+        x=_x(), tooltip=tooltip)]
+    position = np.log(boundaries["chips"].astype(float) / lo) / max(np.log(hi / lo), 1e-9)
+    for side, rows in (("left", boundaries[position < 0.6]), ("right", boundaries[position >= 0.6])):
+        if rows.empty:
+            continue
+        layers.append(alt.Chart(rows).mark_text(
+            align=side, dx=4 if side == "left" else -4, fontSize=10, color="#2f6f6a", baseline="top").encode(
+            x=_x(), y=alt.Y("label_y:Q", scale=None, axis=None), text="boundary:N", tooltip=tooltip))
+    return layers
+
+
+def _ttt_frames(analysis: ScalingAnalysis) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(measured, estimate curve with its band, boundaries) of a time-to-train series."""
+    boundaries = _boundaries(analysis)
+    error = float((analysis.time_to_train or {}).get("loo_error") or 0.0)
+    grid = _grid(analysis, boundaries)
+    curve = analysis.model.curve(grid)
+    examples = float(analysis.measured["examples_per_epoch"].iloc[-1])
+    cores = curve["chips"] * analysis.model.cores_per_chip
+    curve["throughput"] = curve["epochs_est"] * examples / (curve["time_to_train_s_est"] * cores)
+    curve["low"], curve["high"] = curve["time_to_train_s_est"] * (1 - error), \
+        curve["time_to_train_s_est"] * (1 + error)
+    curve["throughput_low"] = curve["throughput"] / (1 + error)
+    curve["throughput_high"] = curve["throughput"] / max(1 - error, 1e-3)
+    curve["error"] = error
+    measured = analysis.measured[["run", "chips", "time_to_train_s", "per_core_examples_per_s",
+                                  "global_batch", "epochs"]].copy()
+    return measured, curve, boundaries
+
+
+def time_to_train_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
+    """Time to train vs chips: logged points, the model's projection (dashed) with its leave-one-out
+    band, and the regime boundaries (estimates)."""
+    measured, curve, boundaries = _ttt_frames(analysis)
+    y = alt.Y("time_to_train_s_est:Q", title="time to train [s]", scale=alt.Scale(type="log"))
+    tips = [alt.Tooltip("chips:Q", format="d"),
+            alt.Tooltip("global_batch:Q", title="global batch", format="d"),
+            alt.Tooltip("epochs_est:Q", title="epochs (estimate)", format=".1f"),
+            alt.Tooltip("time_to_train_s_est:Q", title="time to train, estimate [s]", format=".1f")]
+    band = alt.Chart(curve).mark_area(opacity=0.15, color=_ESTIMATE).encode(
+        x=_x(), y=alt.Y("low:Q", title="time to train [s]", scale=alt.Scale(type="log")), y2="high:Q",
+        tooltip=tips + [alt.Tooltip("low:Q", title="estimate range from", format=".1f"),
+                        alt.Tooltip("high:Q", title="estimate range to", format=".1f")])
+    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color=_ESTIMATE).encode(x=_x(), y=y, tooltip=tips)
+    points = alt.Chart(measured).mark_point(filled=True, size=80, color=_MEASURED).encode(
+        x=_x(), y=alt.Y("time_to_train_s:Q", scale=alt.Scale(type="log")),
+        tooltip=["run:N", alt.Tooltip("chips:Q", format="d"),
+                 alt.Tooltip("global_batch:Q", title="global batch", format="d"),
+                 alt.Tooltip("time_to_train_s:Q", title="logged time to train [s]", format=".1f")])
+    layers = [band, line, points] + _rules(boundaries, curve["chips"].min(), curve["chips"].max())
+    return alt.layer(*layers).properties(
+        width=420, height=260,
+        title="time to train vs chips (dots logged; dashed model estimate, shaded leave-one-out error)")
+
+
+def throughput_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
+    """Examples per second per core vs chips: logged, projected (estimate) and the regime boundaries."""
+    measured, curve, boundaries = _ttt_frames(analysis)
+    title = "examples/s per core"
+    tips = [alt.Tooltip("chips:Q", format="d"), alt.Tooltip("per_core_batch:Q", title="per-core batch"),
+            alt.Tooltip("throughput:Q", title=f"{title}, estimate", format=".1f")]
+    band = alt.Chart(curve).mark_area(opacity=0.15, color="#54a24b").encode(
+        x=_x(), y=alt.Y("throughput_low:Q", title=title, scale=alt.Scale(type="log")),
+        y2="throughput_high:Q", tooltip=tips)
+    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color="#54a24b").encode(
+        x=_x(), y=alt.Y("throughput:Q", scale=alt.Scale(type="log")), tooltip=tips)
+    points = alt.Chart(measured).mark_point(filled=True, size=80, color=_MEASURED).encode(
+        x=_x(), y=alt.Y("per_core_examples_per_s:Q", scale=alt.Scale(type="log")),
+        tooltip=["run:N", alt.Tooltip("chips:Q", format="d"),
+                 alt.Tooltip("per_core_examples_per_s:Q", title=f"{title}, logged", format=".1f")])
+    rules = _rules(boundaries, curve["chips"].min(), curve["chips"].max())
+    return alt.layer(band, line, points, *rules).properties(
+        width=420, height=260, title="per-core throughput vs chips (dots logged; dashed estimate)")
+
+
+def step_split_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
+    """The model's step: what shrinks with the per-core batch vs what does not (estimates)."""
+    _, curve, boundaries = _ttt_frames(analysis)
+    parts = curve.melt(id_vars=["chips", "per_core_batch"],
+                       value_vars=["step_time_ms_est", "compute_ms_est", "fixed_ms_est"],
+                       var_name="part", value_name="ms")
+    names = {"step_time_ms_est": "step (sum)", "compute_ms_est": "compute + input (shrinks with b)",
+             "fixed_ms_est": "all-reduce + update + overhead"}
+    parts["part"] = parts["part"].map(names)
+    color = alt.Color("part:N", title="step part", scale=alt.Scale(
+        domain=list(names.values()), range=["#555555", CATEGORY_COLORS.get("compute", "#4c78a8"),
+                                            CATEGORY_COLORS.get("collectives", "#f58518")]))
+    lines = alt.Chart(parts).mark_line(strokeDash=[6, 4]).encode(
+        x=_x(), y=alt.Y("ms:Q", title="ms per step (estimate)", scale=alt.Scale(type="log")), color=color,
+        tooltip=["part:N", alt.Tooltip("chips:Q", format="d"), alt.Tooltip("per_core_batch:Q"),
+                 alt.Tooltip("ms:Q", title="ms per step, estimate", format=".2f")])
+    measured = analysis.measured[["run", "chips", "step_time_ms"]]
+    points = alt.Chart(measured).mark_point(filled=True, size=60, color=_MEASURED).encode(
+        x=_x(), y=alt.Y("step_time_ms:Q", scale=alt.Scale(type="log")),
+        tooltip=["run:N", alt.Tooltip("chips:Q", format="d"),
+                 alt.Tooltip("step_time_ms:Q", title="step from the logs [ms, est]", format=".2f")])
+    rules = _rules(boundaries, curve["chips"].min(), curve["chips"].max())
+    return alt.layer(lines, points, *rules).properties(
+        width=420, height=260, title="step split (dots: logged step; dashed: the model's two parts)")
+
+
+def _time_to_train_blocks(analysis: ScalingAnalysis) -> list[tuple[str, str, Any]]:
+    name = analysis.workload or "series"
+    ttt = analysis.time_to_train or {}
+    error = ttt.get("loo_error")
+    caption = (f"{name}: time = epochs(batch) x steps x step(per-core batch, partitioning) + evals; "
+               f"projections are estimates (leave-one-out error ~{error:.1%}); past the largest run the "
+               f"batch is {ttt.get('batch_assumption')}")
+    return [(f"{name}: time to train vs chips", caption, time_to_train_chart(analysis)),
+            (f"{name}: per-core throughput", caption, throughput_chart(analysis)),
+            (f"{name}: step split", caption, step_split_chart(analysis))]
+
+
+def trace_time_to_train_chart(analysis: ScalingAnalysis) -> alt.LayerChart | None:
+    """A trace series in its benchmark's time-to-train model: estimates from the traces' steps, with
+    the logged results at the same chips beside them."""
+    ttt = analysis.time_to_train
+    if not ttt or not ttt.get("projection"):
+        return None
+    rows = pd.DataFrame(ttt["projection"])
+    error = float(ttt.get("loo_error_logs") or 0.0)
+    rows["low"] = rows["time_to_train_s_est"] * (1 - error)
+    rows["high"] = rows["time_to_train_s_est"] * (1 + error)
+    tips = [alt.Tooltip("chips:Q", format="d"),
+            alt.Tooltip("global_batch:Q", title="global batch", format="d"),
+            alt.Tooltip("time_to_train_s_est:Q", title="time to train, estimate [s]", format=".1f")]
+    band = alt.Chart(rows).mark_area(opacity=0.15, color=_ESTIMATE).encode(
+        x=_x(), y=alt.Y("low:Q", title="time to train [s]", scale=alt.Scale(type="log")), y2="high:Q",
+        tooltip=tips)
+    line = alt.Chart(rows).mark_line(strokeDash=[6, 4], color=_ESTIMATE, point=False).encode(
+        x=_x(), y=alt.Y("time_to_train_s_est:Q", scale=alt.Scale(type="log")), tooltip=tips)
+    layers: list[alt.Chart] = [band, line]
+    joined = pd.DataFrame(analysis.joined)
+    if not joined.empty:
+        layers.append(alt.Chart(joined).mark_point(filled=True, size=80, color=_MEASURED).encode(
+            x=_x(), y=alt.Y("logged_time_to_train_s:Q", scale=alt.Scale(type="log")),
+            tooltip=[alt.Tooltip("chips:Q", format="d"), "mlperf_run:N",
+                     alt.Tooltip("logged_time_to_train_s:Q", title="logged time to train [s]", format=".1f"),
+                     alt.Tooltip("time_to_train_from_trace_s_est:Q", title="from the trace [s, est]",
+                                 format=".1f"),
+                     alt.Tooltip("difference:Q", format="+.1%")]))
+    return alt.layer(*layers).properties(
+        width=420, height=260,
+        title=f"time to train from the traces (dashed, estimate) with {ttt['from_logs']}'s epochs; "
+              "dots logged")
+
+
 def charts_for(analysis: ScalingAnalysis) -> list[tuple[str, str, Any]]:
     """(title, caption, chart) blocks of one series, for the HTML report."""
+    if analysis.model is not None:
+        return _time_to_train_blocks(analysis)
     name = analysis.workload or "series"
     error = analysis.projection["error_est"].iloc[0]
     caption = (f"{name}: {analysis.batch_mode}; fitted per category, projections are estimates"
@@ -175,7 +367,8 @@ def charts_for(analysis: ScalingAnalysis) -> list[tuple[str, str, Any]]:
     blocks: list[tuple[str, str, Any]] = [(f"{name}: time vs chips", caption, step_time_chart(analysis))]
     for title, chart in (("time per step by category", category_chart(analysis)),
                          ("share of the step", share_chart(analysis)),
-                         ("scaling efficiency", efficiency_chart(analysis))):
+                         ("scaling efficiency", efficiency_chart(analysis)),
+                         ("time to train", trace_time_to_train_chart(analysis))):
         if chart is not None:
             blocks.append((f"{name}: {title}", caption, chart))
     return blocks
@@ -209,6 +402,7 @@ def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze s
         parts.append(f"<h2>{_html.escape(analysis.workload or 'series')}</h2>")
         parts.append("<div class='table'>" + analysis.measured.to_html(
             index=False, float_format=lambda v: f"{v:.4g}", classes="measured") + "</div>")
+        parts.extend(_time_to_train_html(analysis))
         fits = pd.DataFrame([{"category": c, "form": f.form, "model": f.formula, "in-sample rms": f.rms_error,
                               "leave-one-out rms": f.loo_error} for c, f in analysis.fits.items()])
         parts.append("<h3>Fitted model per category</h3>")
@@ -241,6 +435,31 @@ def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze s
                  f"Promise.all([{calls}]).then(() => {{ st.done = true; st.flush(); }});</script>"
                  "</body></html>")
     return "\n".join(parts)
+
+
+def _time_to_train_html(analysis: ScalingAnalysis) -> list[str]:
+    """The time-to-train model's limit, remedies and the trace runs beside the logged results."""
+    parts = []
+    limits = (analysis.time_to_train or {}).get("limits")
+    if limits:
+        passes = limits.get("fixed_passes_compute_chips")
+        cap, limit = limits["convergence_cap_batch"], limits["data_parallel_limit_chips"]
+        where = f"passes compute at ~{passes} chips." if passes else "never passes compute."
+        parts.append(f"<h3>The limit (estimates)</h3><p>Global batch capped at {cap}: data parallelism runs "
+                     f"out at ~{limit} chips (one example per core, catalog §3.1); the non-shrinking step "
+                     f"(all-reduce, weight update, overhead) {where}</p><ul>")
+        for remedy in limits["remedies"]:
+            parts.append(f"<li>{_html.escape(remedy['remedy'])} (catalog §{remedy['catalog']}) at "
+                         f"{remedy['at_chips']} chips: {remedy['gain_s']:.3g} s = {remedy['fraction']:.1%} "
+                         f"of time to train ({_html.escape(remedy['model'])}; estimate)</li>")
+        parts.append("</ul>")
+    if analysis.joined:
+        table = pd.DataFrame(analysis.joined)[[
+            "trace_run", "chips", "trace_step_ms", "logged_step_ms_est", "logged_steps",
+            "time_to_train_from_trace_s_est", "logged_time_to_train_s", "difference"]]
+        parts.append("<h3>Trace runs beside the MLPerf result at the same chips</h3><div class='table'>"
+                     + table.to_html(index=False, float_format=lambda v: f"{v:.4g}") + "</div>")
+    return parts
 
 
 # The same render bookkeeping as the report template (reports/templates/report.html.j2): errors, CSP

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 from tpuanalyze.reports import view
 from tpuanalyze.reports.charts import CATEGORY_COLORS
+from tpuanalyze.reports.identity_view import identity_rows
 
 from tpuanalyze.safe_text import plain, safe
 
@@ -64,7 +65,9 @@ def header(summary: dict) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("device", safe(summary.get("device_type") or "unknown"))
+    rows = identity_rows(summary) or [("device", str(summary.get("device_type") or "unknown"))]
+    for label, text in rows:
+        grid.add_row(label, safe(text))  # workload labels come from the trace: data, not markup
     grid.add_row(
         "hosts / cores", f"{_count(summary.get('hosts'), 'host')} · {_count(summary.get('devices'), 'core')}"
     )
@@ -75,6 +78,10 @@ def header(summary: dict) -> Panel:
         grid.add_row("overlapped", f"{overlapped:.1%} of wall time is collectives hidden under compute")
     for note in summary.get("notes") or []:
         grid.add_row("note", Text(plain(note), style="yellow"))
+    for warning in view.capture_warnings(summary):
+        grid.add_row(
+            "capture", Text(plain(f"{warning.get('code')}: {warning.get('message')}"), style="bold yellow")
+        )
     title = Text(f"run {plain(summary.get('run', '?'))}", style="bold")
     return Panel(grid, title=title, title_align="left", box=box.ROUNDED)
 
@@ -102,6 +109,25 @@ def breakdown_table(summary: dict, steps: Any) -> Table:
             spread,
             _bar(row.share, CATEGORY_COLORS[row.category]),
         )
+    return table
+
+
+def programs_table(summary: dict) -> Table | None:
+    """The programs (XLA modules) a trace runs, when there are several: which one is the step."""
+    rows = view.program_rows(summary)
+    if not rows:
+        return None
+    table = Table(title="Programs (XLA modules; the step series is one program)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (("program", "left"), ("runs/device", "right"), ("median ms", "right"),
+                          ("min-max ms", "right"), ("total ms/device", "right"), ("", "left")):
+        table.add_column(name, justify=justify)
+    for p in rows:
+        role = "step" if p.get("is_step_program") else "eval" if p.get("is_eval") else ""
+        table.add_row(str(p.get("program")), view.format_value(p.get("executions_per_device")),
+                      view.format_ms(p.get("median_ms")),
+                      f"{view.format_ms(p.get('min_ms'))}-{view.format_ms(p.get('max_ms'))}",
+                      view.format_ms(p.get("total_ms_per_device")), role)
     return table
 
 
@@ -193,6 +219,9 @@ def render_run(console: Console, analysis: Any) -> None:
     steps = getattr(analysis, "steps", None)
     console.print(header(summary))
     console.print(breakdown_table(summary, steps))
+    programs = programs_table(summary)
+    if programs is not None:
+        console.print(programs)
     for title, frame, keys in (
         (
             "Slowest cores (own ms = step minus exposed collective wait)",

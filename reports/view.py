@@ -257,6 +257,8 @@ def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[Bre
         if "is_eval" in steps.columns:
             train = steps[~steps["is_eval"].fillna(False).astype(bool)]
             eval_steps = steps[steps["is_eval"].fillna(False).astype(bool)]
+            if "is_warmup" in train.columns and not _warmup_kept(summary):
+                train = train[~train["is_warmup"].fillna(False).astype(bool)]
             if not eval_steps.empty:
                 ms_by_category["eval"] = float(eval_steps["duration_ps"].mean()) / 1e9
         for category in CATEGORIES:
@@ -275,6 +277,33 @@ def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[Bre
         if isinstance(core, dict) and core.get("host") is not None and row.max_share != row.min_share:
             row.worst = f"{core.get('host')} : {core.get('device_ordinal')}"
         rows.append(row)
+    return rows
+
+
+def _warmup_kept(summary: dict) -> bool:
+    """Whether the analysis kept warm-up steps in its statistics (`report --keep-warmup`)."""
+    for warning in capture_warnings(summary):
+        if warning.get("code") == "warmup-step":
+            return bool(warning.get("kept"))
+    return False
+
+
+def capture_warnings(summary: dict) -> list[dict]:
+    """The run's capture-health warnings (docs/json.md `capture.warnings`), [] when there are none."""
+    capture = summary.get("capture") if isinstance(summary, dict) else None
+    warnings = capture.get("warnings") if isinstance(capture, dict) else None
+    return [w for w in warnings or [] if isinstance(w, dict)]
+
+
+def program_rows(summary: dict) -> list[dict]:
+    """Per-program statistics (docs/json.md `programs`), present when a trace runs several programs."""
+    rows = []
+    for program in summary.get("programs") or []:
+        if isinstance(program, dict):
+            runs = program.get("executions_per_device")
+            if _is_number(runs) and float(runs).is_integer():  # 100, not 100.0
+                program = {**program, "executions_per_device": int(runs)}
+            rows.append(program)
     return rows
 
 

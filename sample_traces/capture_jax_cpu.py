@@ -29,8 +29,11 @@ Variants (structure is fixed; only the timings differ between captures):
 - ``pmap8_input_bound``: the same with a host input pipeline that sleeps ``--input-delay-ms`` per
   batch (inside ``TraceAnnotation("host_input")``), so the devices wait on input.
 - ``single_jit_train``: one device, a ``jax.jit`` train step on a tiny conv net, no collectives.
+- ``single_jit_cold``: the same, but nothing is compiled before the trace starts: the first step
+  compiles the train step inside the capture (a warm-up step, as in most real captures).
 
-Everything is compiled before the trace starts, so the capture holds steady-state steps only.
+Except in ``single_jit_cold``, everything is compiled before the trace starts, so the capture holds
+steady-state steps only.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-VARIANTS = ("pmap8_train_eval", "pmap8_input_bound", "single_jit_train")
+VARIANTS = ("pmap8_train_eval", "pmap8_input_bound", "single_jit_train", "single_jit_cold")
 FEATURES, HIDDEN, CLASSES, PER_DEVICE_BATCH = 32, 64, 10, 16
 LEARNING_RATE = 0.05
 
@@ -140,8 +143,9 @@ def capture_pmap(run_dir: Path, steps: int, eval_every: int, delay_s: float, pyt
         jax.profiler.stop_trace()
 
 
-def capture_single_jit(run_dir: Path, steps: int, python_tracer: bool) -> None:
-    """One device, one jitted train step on a tiny conv net: the simplest real capture."""
+def capture_single_jit(run_dir: Path, steps: int, python_tracer: bool, warm_up: bool = True) -> None:
+    """One device, one jitted train step on a tiny conv net: the simplest real capture. Without
+    warm_up the first traced step compiles the program."""
     rng = np.random.default_rng(0)
     kernel = jnp.asarray(rng.standard_normal((8, 3, 3, 3), dtype=np.float32) * 0.1)  # OIHW
     dense = jnp.asarray(rng.standard_normal((8 * 16 * 16, CLASSES), dtype=np.float32) * 0.01)
@@ -161,9 +165,10 @@ def capture_single_jit(run_dir: Path, steps: int, python_tracer: bool) -> None:
         images = rng.standard_normal((PER_DEVICE_BATCH, 3, 16, 16), dtype=np.float32)
         return images, rng.integers(0, CLASSES, size=(PER_DEVICE_BATCH,), dtype=np.int32)
 
-    for _ in range(2):
-        params, loss = train_step(params, *batch())
-    jax.block_until_ready(loss)
+    if warm_up:
+        for _ in range(2):
+            params, loss = train_step(params, *batch())
+        jax.block_until_ready(loss)
     jax.profiler.start_trace(str(run_dir), profiler_options=profile_options(python_tracer))
     try:
         for step in range(steps):
@@ -180,8 +185,8 @@ def capture(variant: str, out: Path, args: argparse.Namespace) -> Path:
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    if variant == "single_jit_train":
-        capture_single_jit(target, args.steps, args.python_tracer)
+    if variant.startswith("single_jit"):
+        capture_single_jit(target, args.steps, args.python_tracer, warm_up=variant == "single_jit_train")
     else:
         delay = args.input_delay_ms / 1000.0 if variant == "pmap8_input_bound" else 0.0
         capture_pmap(target, args.steps, args.eval_every, delay, args.python_tracer)

@@ -27,6 +27,7 @@ from tpuanalyze.parsers.staging import MAX_SPAN_NS, HostReader
 from tpuanalyze.parsers.xspace import XSpaceReader
 from tpuanalyze.store.database import connect, delete_run, new_run_id
 from tpuanalyze.store.load import RunPlan, insert_run
+from tpuanalyze.store.names import unique_run_name
 
 from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 
@@ -47,12 +48,14 @@ class IngestSummary:
     events: int = 0
     seconds: float = 0.0
     run_ids: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # display names of the trace runs, as run_ids
     replaced_run_ids: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     mlperf_runs: int = 0  # result folders (each one run, counted in ``runs`` too)
     mlperf_results: int = 0  # result files
     mlperf_intervals: int = 0  # init/run/block/eval/epoch intervals (not counted in ``events``)
     views: list[str] = field(default_factory=list)  # attribution views installed after the load
+    run_notes: list[str] = field(default_factory=list)  # the runs' own notes, each naming its run
 
 
 class _HostSlot:
@@ -204,7 +207,7 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
             con.close()
     summary.runs = len(sources) + summary.mlperf_runs
     summary.hosts = sum(len(host_slots) for host_slots in slots)
-    summary.notes = inputs.notes + [note for s in sources for note in s.notes] + summary.notes
+    summary.notes = inputs.notes + summary.run_notes + summary.notes
     summary.seconds = time.perf_counter() - started
     return summary
 
@@ -277,6 +280,8 @@ def _store_mlperf(
 
 def _reset_counts(summary: IngestSummary) -> None:
     summary.run_ids.clear()
+    summary.names.clear()
+    summary.run_notes.clear()
     summary.replaced_run_ids.clear()
     summary.planes = summary.events = 0
     summary.mlperf_runs = summary.mlperf_results = summary.mlperf_intervals = 0
@@ -349,10 +354,15 @@ def _store_direct(
     con.execute("BEGIN TRANSACTION")
     try:
         for plan in plans:
-            _delete_previous(con, plan, summary)
-            run_id = new_run_id(con)
+            # a re-ingested source keeps its run_id (saved `db:4` references stay valid) and name
+            old_ids = _delete_previous(con, plan, summary)
+            run_id = old_ids[0] if old_ids else new_run_id(con)
+            plan.name = unique_run_name(con, plan.source_path)
+            plan.notes = [f"{plan.name}: {note}" for note in plan.notes]
             counts = insert_run(con, plan, run_id, on_batch)
             summary.run_ids.append(run_id)
+            summary.names.append(plan.name)
+            summary.run_notes.extend(plan.notes)
             summary.planes += counts.planes
             summary.events += counts.events
         _store_mlperf(con, mlperf, summary)
@@ -371,13 +381,15 @@ def _store_direct(
         raise
 
 
-def _delete_previous(con: duckdb.DuckDBPyConnection, plan: RunPlan, summary: IngestSummary) -> None:
+def _delete_previous(con: duckdb.DuckDBPyConnection, plan: RunPlan, summary: IngestSummary) -> list[int]:
+    """Remove the runs loaded earlier from the same source; their ids, smallest first."""
     old = con.execute(
         "SELECT run_id FROM runs WHERE source_path = ? ORDER BY run_id", [plan.source_path]
     ).fetchall()
     for (old_id,) in old:
         delete_run(con, old_id)
         summary.replaced_run_ids.append(old_id)
+    return [int(r[0]) for r in old]
 
 
 @dataclass

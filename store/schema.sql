@@ -6,8 +6,8 @@ CREATE SEQUENCE IF NOT EXISTS run_id_seq START 1;
 
 CREATE TABLE IF NOT EXISTS runs (
     run_id          INTEGER PRIMARY KEY,
-    name            VARCHAR NOT NULL,     -- run folder name (plugins/profile/<run>) or file stem
-    source_path     VARCHAR NOT NULL,     -- absolute path of the run folder or file; re-ingest key
+    name            VARCHAR NOT NULL,     -- <logdir or parent>/<run>, unique in the database (store/names.py)
+    source_path     VARCHAR NOT NULL,     -- absolute path of the run folder or file; re-ingest key (keeps run_id)
     source_format   VARCHAR NOT NULL,     -- 'xspace' | 'chrome_json' | 'mlperf'
     device_type     VARCHAR,              -- e.g. 'TPU v3', 'TPU v6 Lite', 'GPU', 'CPU'
     num_hosts       INTEGER NOT NULL,

@@ -13,7 +13,7 @@ from test_attribution_xspace import XSpaceBuilder, design_example_step, hlo_op
 from tpuanalyze.analyzer.api import analyze_run, install_views, report_json
 from tpuanalyze.store.ingest import ingest_paths
 
-CATS = ("compute", "weight_update", "collectives", "input", "output", "eval", "idle")
+CATS = ("compute", "weight_update", "collectives", "memory_transfer", "input", "output", "eval", "idle")
 
 
 def _ingest(tmp_path: Path, builder: XSpaceBuilder,
@@ -31,8 +31,8 @@ def test_design_example_step(tmp_path: Path) -> None:
     design_example_step(b.tpu_core(0))
     con, run_id = _ingest(tmp_path, b)
     a = analyze_run(con, run_id)
-    expected = {"compute": 0.6, "weight_update": 0.05, "collectives": 0.1, "input": 0.2, "output": 0.0,
-                "eval": 0.0, "idle": 0.05}
+    expected = {"compute": 0.6, "weight_update": 0.05, "collectives": 0.1, "memory_transfer": 0.0,
+                "input": 0.2, "output": 0.0, "eval": 0.0, "idle": 0.05}
     assert a.summary["breakdown"] == pytest.approx(expected, abs=1e-9)
     assert a.summary["collectives_overlapped"] == pytest.approx(0.2, abs=1e-9)
     assert a.summary["step_time_ms"] == pytest.approx(
@@ -107,11 +107,12 @@ def test_views_match_the_run_tables(tmp_path: Path) -> None:
 
 # --- property: the SQL sweep equals a brute-force per-instant attribution ----------------------------
 
-PRIORITY = ("weight_update", "compute", "collectives", "input", "output")
+PRIORITY = ("weight_update", "compute", "collectives", "memory_transfer", "input", "output")
 OP_FOR = {  # category -> (short name, hlo_category, tf_op)
     "weight_update": ("fusion", "loop fusion", "train/optimizer/update"),
     "compute": ("fusion", "convolution fusion", None),
     "collectives": ("all-reduce", "all-reduce", None),
+    "memory_transfer": ("copy-done", "copy-done", None),
     "input": ("infeed", "infeed", None),
     "output": ("outfeed", "outfeed", None),
 }

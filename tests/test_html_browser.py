@@ -189,6 +189,10 @@ def test_real_shared_traces_render_together(tmp_path: Path, shared_traces: Path)
     assert page.status["warnings"] == [], page.status["warnings"]
     assert page.dom.count('<section class="run"') == 3
     assert "TPU v6 Lite" in page.dom
+    # capture health and the v6e's programs, rendered in the browser
+    assert page.dom.count("Capture health") >= 2
+    assert "empty-device-planes" in page.dom and "hosts-missing" in page.dom
+    assert "jit__psum" in page.dom and "memory transfers (waits)" in page.dom
 
 
 def test_hostile_run_names_are_escaped(tmp_path: Path) -> None:

@@ -81,9 +81,11 @@ def test_ingest_cli_reports_what_it_loaded_and_is_quiet_when_piped(logdir: Path,
     assert out[0].startswith("ingested 3 run(s)") and "4 host(s)" in out[0] and "57 events" in out[0]
     assert " s into " in out[0]
     assert "\x1b[" not in proc.stderr and "reading" not in proc.stderr  # no progress bar when piped
-    assert "note: host0.trace.json.gz" in proc.stderr
+    # a note names the run it is about (<logdir>/<run>), not just the file
+    assert "note: logdir/2026_01_01_00_00_00: host0.trace.json.gz: skipped" in proc.stderr
     again = tpuanalyze("ingest", str(logdir), "--db", str(db))
     assert again.returncode == 0 and "replaced run(s) 1, 2, 3" in again.stdout
+    assert "[run_id 1, 2, 3]" in again.stdout  # re-ingested runs keep their ids: `t.duckdb:2` stays valid
     count = tpuanalyze(
         "sql",
         "--db",
@@ -102,7 +104,8 @@ def test_sql_formats_and_errors(logdir: Path, tmp_path: Path) -> None:
     as_json = tpuanalyze("sql", "--db", str(db), "--format", "json", query)
     assert as_json.returncode == 0, as_json.stderr
     rows = json.loads(as_json.stdout)
-    assert [r["name"] for r in rows] == ["2026_01_01_00_00_00", "2026_01_02_00_00_00", "loose"]
+    assert [r["name"] for r in rows] == ["logdir/2026_01_01_00_00_00", "logdir/2026_01_02_00_00_00",
+                                         "logdir/loose"]
     assert rows[0]["num_hosts"] == 2 and isinstance(rows[0]["metadata"], dict)  # JSON columns nested
     table = tpuanalyze("sql", "--db", str(db), query)
     assert table.returncode == 0 and "2026_01_02_00_00_00" in table.stdout and "num_hosts" in table.stdout

@@ -97,7 +97,7 @@ def test_traces_are_ingested_on_the_fly_into_a_kept_database(tmp_path: Path) -> 
     proc = cli("report", str(run), "--db", str(db), "--json", "-")
     assert proc.returncode == 0, proc.stderr
     document = json.loads(proc.stdout)  # --json - : stdout is only the JSON
-    assert [r["run"] for r in document["runs"]] == [run.name]
+    assert [r["run"] for r in document["runs"]] == [f"{run.parent.parent.parent.name}/{run.name}"]
     assert db.is_file()
     # Every finding's evidence SQL runs on the kept database and reproduces its numbers.
     import duckdb
@@ -143,7 +143,7 @@ def test_run_selection_in_a_database_with_several_runs(tmp_path: Path) -> None:
     assert len(json.loads(both.stdout)["runs"]) == 2
     one = cli("report", str(db), "--run", str(run_ids[1]), "--json", "-")
     assert one.returncode == 0, one.stderr
-    assert [r["run"] for r in json.loads(one.stdout)["runs"]] == [second.name]
+    assert [r["run"].rsplit("/", 1)[-1] for r in json.loads(one.stdout)["runs"]] == [second.name]
     missing = cli("report", str(db), "--run", "no-such-run")
     assert missing.returncode == 2
     assert missing.stderr.startswith("tpuanalyze: error: ") and "no-such-run" in missing.stderr

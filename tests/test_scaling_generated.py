@@ -80,7 +80,7 @@ def test_cli_scaling_from_a_database(series, tmp_path):
 def test_mixed_workloads_and_single_run_are_rejected(resnet_runs, tmp_path):
     gnmt = generator.generate("gnmt", 16, steps=2, hosts=1, out=tmp_path / "gnmt")
     mixed = _cli("scaling", str(resnet_runs[256]), str(gnmt))
-    assert mixed.returncode == 2 and "mix workloads" in mixed.stderr and mixed.stderr.count("\n") == 1
+    assert mixed.returncode == 2 and "not the same workload" in mixed.stderr and mixed.stderr.count("\n") == 1
     single = _cli("scaling", str(resnet_runs[256]))
     assert single.returncode == 2 and "at least 2 runs" in single.stderr
 
@@ -137,7 +137,8 @@ def test_scaling_charts_for_the_html_report(series):
             assert "tooltip" in view["encoding"], (title, view["mark"])
         marks = [v["mark"]["type"] if isinstance(v["mark"], dict) else v["mark"] for v in views]
         if title.endswith("time vs chips"):
-            assert marks == ["area", "line", "point"]
+            # regime boundaries (rule + label) follow the measured and projected layers when in range
+            assert marks[:3] == ["area", "line", "point"] and set(marks[3:]) <= {"rule", "text"}
         for view, mark in zip(views, marks, strict=True):  # projections read as estimates: dashed lines
             if mark == "line":
                 assert view["mark"]["strokeDash"], title
@@ -151,3 +152,20 @@ def test_scaling_charts_for_the_html_report(series):
     page = scaling_html([analysis])
     assert page.count("vegaEmbed(") == 4 and "connect-src 'none'" in page
     assert "id='render-status' hidden" in page
+
+
+def test_the_limit_of_a_trace_series(series):
+    analysis = analyze_scaling(series.drop(columns=["workload"]), workload="resnet50")
+    limits = analysis.limits
+    # largest global batch 65536 (the 4096-chip preset) over 2 cores per chip: 1 example per core
+    assert limits["convergence_cap_batch"] == int(series["global_batch"].max()) == 65536
+    assert limits["data_parallel_limit_chips"] == 32768 and limits["label"] == "estimate"
+    crossing = limits["fixed_passes_compute_chips"]
+    assert crossing is None or crossing > 4096   # compute still dominates the measured runs
+    remedies = {r["catalog"]: r for r in limits["remedies"]}
+    assert set(remedies) == {"3.1", "3.2", "3.4"}
+    assert all(r["label"] == "estimate" and r["gain_ms"] >= 0 for r in remedies.values())
+    at = limits["at_chips"]
+    collectives = analysis.fits["collectives"].predict(at)[0]
+    assert remedies["3.4"]["gain_ms"] == pytest.approx(0.5 * collectives)   # half the all-reduce
+    assert analysis.to_json()["limits"] == limits

@@ -32,7 +32,7 @@ def test_piped_summary_has_header_breakdown_and_ranked_findings(tmp_path) -> Non
     out = proc.stdout
     _check_plain_100_columns(out)
     # Header: the run and its facts.
-    assert f"run {run.name}" in out
+    assert re.search(rf"run \S*/{re.escape(run.name)}", out)  # <logdir>/<run>
     assert "TPU v3" in out
     assert re.search(r"hosts / cores\s+\d+ hosts? · \d+ cores?", out)
     assert re.search(r"step time\s+[\d.]+ ms mean · median", out)
@@ -81,6 +81,21 @@ def test_real_cpu_capture_summary(tmp_path) -> None:
     _check_plain_100_columns(proc.stdout)
     assert "CPU" in proc.stdout
     assert "Where the time goes" in proc.stdout
+    # the bundled capture's programs compiled before the trace: nothing to say about warm-up there
+    assert "memory transfers (waits)" in proc.stdout
+
+
+def test_warmup_shown_and_kept_on_request(tmp_path, shared_traces) -> None:
+    """A shared JAX capture compiles in step 0: the header says so; --keep-warmup keeps the step."""
+    run = shared_traces / "jax_cpu" / "single_jit_train"
+    plain = cli("report", str(run))
+    assert plain.returncode == 0, plain.stderr
+    _check_plain_100_columns(plain.stdout)
+    assert "capture" in plain.stdout and "warmup-step" in plain.stdout
+    assert "left out of step-time statistics" in plain.stdout
+    kept = cli("report", str(run), "--keep-warmup")
+    assert kept.returncode == 0, kept.stderr
+    assert "kept in step-time statistics" in kept.stdout
 
 
 def test_scaling_series_gets_its_cross_run_findings(tmp_path) -> None:
@@ -95,7 +110,7 @@ def test_scaling_series_gets_its_cross_run_findings(tmp_path) -> None:
     assert out.startswith("3 runs")
     # Runs listed from the smallest slice up, then the cross-run finding before the runs' own sections.
     rows = [line.split()[0] for line in out.splitlines()[4:7]]
-    assert [r.split("_")[1][:6] for r in rows] == ["v3-32", "v3-128", "v3-102"]
+    assert [r.split("/")[-1].split("_")[1][:6] for r in rows] == ["v3-32", "v3-128", "v3-102"]
     assert out.index("Scaling across runs") < out.index("╭─ run ")
     assert re.search(r"^1\. scaling-limit\s+\[(high|medium|low)\]", out, re.M)
     document = html_path.read_text()

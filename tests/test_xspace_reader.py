@@ -134,7 +134,9 @@ def test_run_row_and_common_time_zero(db: duckdb.DuckDBPyConnection) -> None:
         "SELECT name, source_format, device_type, num_hosts, num_devices, t0_ns, capture_start_ps, "
         "capture_end_ps, num_events FROM runs"
     ).fetchall()
-    assert row == [("run1", "xspace", "TPU v3", 2, 2, T0_NS, 250, 5_000_000_000 + 2_000_000 + 60_000, 12)]
+    name = row[0][0]
+    assert name.endswith("/run1")  # <logdir>/<run> (docs/schema.md, Run names)
+    assert row == [(name, "xspace", "TPU v3", 2, 2, T0_NS, 250, 5_000_000_000 + 2_000_000 + 60_000, 12)]
     starts = dict(
         db.execute("SELECT host, min(start_ps) FROM events WHERE line = 'XLA Ops' GROUP BY host").fetchall()
     )
@@ -224,7 +226,8 @@ def test_reingest_replaces_the_run(tmp_path: Path) -> None:
     db = tmp_path / "db.duckdb"
     first = ingest_paths([path], db)
     second = ingest_paths([path], db)
-    assert second.replaced_run_ids == first.run_ids and second.run_ids != first.run_ids
+    # replaced in place: the same run_id, so saved `db:ID` references keep naming it
+    assert second.replaced_run_ids == first.run_ids and second.run_ids == first.run_ids
     con = duckdb.connect(str(db), read_only=True)
     for table in ("runs", "hosts", "planes", "lines", "event_metadata", "events"):
         ids = con.execute(f"SELECT DISTINCT run_id FROM {table}").fetchall()
