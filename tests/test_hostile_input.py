@@ -382,7 +382,9 @@ def test_symlinked_run_folder_is_one_run_with_its_own_name(tmp_path: Path) -> No
     result = run_cli("ingest", str(link), str(RUN), "--db", str(db))
     assert result.returncode == 0, result.stderr
     con = duckdb.connect(str(db), read_only=True)
-    assert con.execute("SELECT name, source_format FROM runs").fetchall() == [(RUN.name, "xspace")]
+    rows = con.execute("SELECT name, source_path, source_format FROM runs").fetchall()
+    assert [(path, fmt) for _, path, fmt in rows] == [(str(RUN.resolve()), "xspace")]
+    assert rows[0][0].endswith(RUN.name)  # named after the run folder, not the link
     con.close()
 
 

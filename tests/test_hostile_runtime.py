@@ -248,12 +248,12 @@ def test_two_ingests_both_land(tmp_path: Path, pod32: Path) -> None:
     assert second.returncode == 0, err2
     assert "waiting to write" in err2  # it queued behind the first
     con = duckdb.connect(str(db), read_only=True)
-    runs = con.execute("SELECT name, num_hosts FROM runs ORDER BY run_id").fetchall()
+    runs = con.execute("SELECT source_path, num_hosts FROM runs ORDER BY run_id").fetchall()
     views = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'step_breakdown'").fetchone()[
         0
     ]
     con.close()
-    assert sorted(runs) == sorted([(pod32.name, 32), (RUN.name, 1)])
+    assert sorted(runs) == sorted([(str(pod32.resolve()), 32), (str(RUN.resolve()), 1)])
     assert views == 1  # each ingest's exit status 0 means its run and its views are committed
 
 
