@@ -2,7 +2,7 @@
 
     analyze_run(con, run_id, thresholds=None) -> RunAnalysis
     analyze_db(db_path, run_ids=None) -> list[RunAnalysis]
-    report_json(analyses) -> {"runs": [summary, ...]}
+    report_json(analyses, cross_run_findings=None) -> {"runs": [summary, ...], "cross_run": {...}}
 
 `RunAnalysis.summary` is exactly the JSON contract's run object (docs/json.md); the DataFrames hold the
 same numbers in detail (docs/attribution.md). The analysis reads the trace database only.
@@ -23,9 +23,12 @@ from tpuanalyze.analyzer.attribution import materialize_run
 from tpuanalyze.analyzer.capture_health import capture_warnings
 from tpuanalyze.analyzer.collectives import collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
+from tpuanalyze.analyzer.findings import evaluate_findings
 from tpuanalyze.analyzer.identity import run_identity
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
+from tpuanalyze.analyzer.platform import advice_platform, workload_mode
+from tpuanalyze.analyzer.roofline import add_roofline, device_peaks, programs_roofline, roofline_summary
 from tpuanalyze.analyzer.steps import (
     CATEGORIES,
     per_core_frame,
@@ -54,6 +57,7 @@ class RunAnalysis:
     ops: pd.DataFrame
     findings: list[dict[str, Any]] = field(default_factory=list)
     run_id: int | None = None
+    roofline_programs: pd.DataFrame = field(default_factory=pd.DataFrame)  # docs/json.md `roofline`
 
 
 def _run_row(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
@@ -160,27 +164,6 @@ def _breakdown_summary(per_core: pd.DataFrame, per_host: pd.DataFrame) -> dict[s
     }
 
 
-def _batch_and_first_conv(con: duckdb.DuckDBPyConnection,
-                          rel: dict[str, str]) -> tuple[float | None, float | None]:
-    """Per-core batch from the infeed shape's leading dimension (most common), and the mean time per
-    train device-step of the step's first convolution (conv0, catalog §3.9)."""
-    row = con.execute(
-        f"""SELECT mode(TRY_CAST(nullif(regexp_extract(coalesce(shape, name), '[a-z0-9]+\\[(\\d+)', 1), '')
-                                AS DOUBLE))
-            FROM {rel['op_steps']} WHERE category = 'input' AND step_start IS NOT NULL"""
-    ).fetchall()
-    batch = row[0][0] if row else None
-    conv = con.execute(
-        f"""WITH firsts AS (
-                SELECT arg_min(duration_ps, start_ps) AS d FROM {rel['op_steps']}
-                WHERE step_start IS NOT NULL AND NOT step_is_eval AND NOT is_container
-                  AND lower(coalesce(hlo_category, '')) LIKE '%convolution%'
-                GROUP BY host, device_ordinal, step_start)
-            SELECT avg(d) / 1e9 FROM firsts"""
-    ).fetchall()
-    return batch, (conv[0][0] if conv else None)
-
-
 def _detail_summary(steps: pd.DataFrame, inputs: pd.DataFrame, collectives: pd.DataFrame,
                     ops: pd.DataFrame, host_work: dict[str, float]) -> dict[str, Any]:
     """Extra summary keys: input per core (max vs mean: a slow host), weight update and whether it is
@@ -234,7 +217,6 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
 
 def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], config: dict[str, Any],
              rel: dict[str, str]) -> RunAnalysis:
-    from tpuanalyze.analyzer.findings import evaluate_findings  # late: findings imports api helpers
 
     steps = steps_frame(con, rel)
     per_core = per_core_frame(con, rel)
@@ -242,6 +224,9 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     collectives = collectives_frame(con, rel)
     inputs = input_frame(con, rel)
     ops = ops_frame(con, run_id, rel)
+    peaks = device_peaks(con, run_id, run.get("device_type"))
+    ops = add_roofline(ops, peaks)
+    roof_programs = programs_roofline(ops, peaks)
     step_ms = step_times_ms(con, rel, keep_warmup=bool(config["warmup"].get("keep")))
     hosts = con.execute("SELECT count(*) FROM hosts WHERE run_id = ?", [int(run_id)]).fetchone()[0]
     devices = int(per_core.shape[0]) if not per_core.empty else int(run.get("num_devices") or 0)
@@ -268,19 +253,20 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     }
     summary["identity"] = run_identity(con, run_id, summary["device_type"], devices)
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
-                           collectives=collectives, input=inputs, ops=ops, run_id=int(run_id))
+                           collectives=collectives, input=inputs, ops=ops, run_id=int(run_id),
+                           roofline_programs=roof_programs)
     host_work = host_input_work(con, run_id, config, rel)
-    infeed_batch, first_conv_ms = _batch_and_first_conv(con, rel)
     summary.update(_detail_summary(steps, inputs, collectives, ops, host_work))
+    summary["roofline"] = roofline_summary(ops, roof_programs, peaks)
     # before the findings, so a rule can read what the capture lacks
     summary["capture"] = {"warnings": capture_warnings(con, run_id, rel, steps, config,
                                                        summary.get("identity"))}
     programs = programs_frame(con, rel)
     if len(programs) > 1:
         summary["programs"] = programs.to_dict("records")
-    analysis.findings = evaluate_findings(analysis, config, run_id=int(run_id), host_input=host_work,
-                                          infeed_batch=infeed_batch,
-                                          first_conv_ms=first_conv_ms)
+    summary["identity"]["workload"].update(workload_mode(con, run_id, rel, config))
+    analysis.findings = evaluate_findings(con, rel, int(run_id), config, advice_platform(summary["identity"]),
+                                          summary["identity"])
     summary["findings"] = analysis.findings
     return analysis
 
@@ -323,6 +309,26 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def report_json(analyses: Iterable[RunAnalysis]) -> dict[str, Any]:
-    """The JSON contract (docs/json.md): {"runs": [summary, ...]}, plain JSON types only."""
-    return {"runs": [_jsonable(a.summary) for a in analyses]}
+# The JSON documents' shape version (docs/json.md): bumped when a key changes meaning or goes away;
+# new keys do not bump it.
+SCHEMA_VERSION = 2
+
+
+def json_header() -> dict[str, Any]:
+    """``schema_version`` and ``tool_version``, the first keys of every JSON document tpuanalyze writes."""
+    from tpuanalyze import __version__
+
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__}
+
+
+def report_json(analyses: Iterable[RunAnalysis],
+                cross_run_findings: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The JSON contract (docs/json.md): {"schema_version", "tool_version", "runs": [summary, ...]}, plus
+    {"cross_run": {"findings": [...]}} when the report covers several runs (scaling-limit findings of
+    their series, empty when none), plain JSON types only."""
+    runs = [_jsonable(a.summary) for a in analyses]
+    document: dict[str, Any] = {**json_header(), "runs": runs}
+    cross = list(cross_run_findings or [])
+    if len(runs) > 1 or cross:
+        document["cross_run"] = {"findings": _jsonable(cross)}
+    return document

@@ -84,12 +84,17 @@ class RenderedPage:
         return found
 
 
-def render(html_path: str | Path, budget_ms: int = 15000, timeout: float = 120) -> RenderedPage:
-    """Load the report, let its scripts run for ``budget_ms`` of virtual time, return the DOM."""
+def render(html_path: str | Path, budget_ms: int = 15000, timeout: float = 120,
+           window: tuple[int, int] | None = None) -> RenderedPage:
+    """Load the report, let its scripts run for ``budget_ms`` of virtual time, return the DOM.
+
+    ``window`` (width, height) sets the browser window, e.g. a laptop's 1280 x 800; the page's
+    status then tells whether it fits (``scrollWidth``)."""
     if not Path(html_path).is_file():
         raise FileNotFoundError(html_path)
     url = Path(html_path).resolve().as_uri()
-    proc = _run([f"--virtual-time-budget={budget_ms}", "--dump-dom", url], timeout)
+    size = [f"--window-size={window[0]},{window[1]}"] if window else []
+    proc = _run([*size, f"--virtual-time-budget={budget_ms}", "--dump-dom", url], timeout)
     if proc.returncode != 0 or not proc.stdout:
         raise RuntimeError(f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}")
     match = re.search(r'<pre id="render-status"[^>]*>(.*?)</pre>', proc.stdout, re.S)

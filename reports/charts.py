@@ -14,31 +14,19 @@ from __future__ import annotations
 import math
 
 import altair as alt
+import numpy as np
 import pandas as pd
 
-# The attribution categories in the order of the design contract (the priority order, with eval first
-# decided), and one fixed color each so every chart and the terminal agree.
-CATEGORIES = ["compute", "weight_update", "collectives", "memory_transfer", "input", "output", "eval", "idle"]
-CATEGORY_COLORS = {
-    "compute": "#4c78a8",
-    "weight_update": "#72b7b2",
-    "collectives": "#f58518",
-    "memory_transfer": "#eeca3b",
-    "input": "#e45756",
-    "output": "#b279a2",
-    "eval": "#54a24b",
-    "idle": "#bab0ac",
-}
-CATEGORY_LABELS = {
-    "compute": "compute",
-    "weight_update": "weight update",
-    "collectives": "collectives (exposed)",
-    "memory_transfer": "memory transfers (waits)",
-    "input": "input (infeed)",
-    "output": "output (outfeed)",
-    "eval": "eval",
-    "idle": "idle",
-}
+# One palette for every chart and table (reports/palette.py); re-exported here for older imports.
+from tpuanalyze.reports.palette import (
+    CATEGORIES,
+    CATEGORY_COLORS,
+    CATEGORY_LABELS,
+    COLLECTIVES_OVERLAPPED,
+    ROOFLINE,
+    natural_sorted,
+)
+
 PS_PER_MS = 1e9
 
 # Above this many cores the heatmap shows hosts (max over the host's cores) instead of cores.
@@ -47,6 +35,8 @@ MAX_HEATMAP_CORE_ROWS = 64
 MAX_STEP_COLUMNS = 120
 # The heatmap folds steps into bins to stay under this many cells (512 hosts x 10 steps fits).
 MAX_HEATMAP_CELLS = 6000
+# The heatmap's color scale spans at least this fraction of the median step on each side of the median.
+HEATMAP_MIN_SPAN = 0.05
 # Ops and bars beyond these counts are left to the tables / SQL.
 TOP_OPS = 20
 MAX_INPUT_BARS = 64
@@ -244,8 +234,17 @@ def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
         idx = per_core.groupby(["host", "step"])["own_ms"].idxmax()
         cells = per_core.loc[idx].assign(row=lambda d: d["host"]).reset_index(drop=True)
         row_title = "host (its core with most own time)"
-    cells = cells[["row", "core", "step", *metrics]]
+    cells = cells[["row", "core", "step", *metrics]].copy()
+    # Color = distance from the median cell of the metric (computed by Vega: no extra data inlined), on
+    # a scale at least HEATMAP_MIN_SPAN of the median step wide: a healthy pod (every core within 0.5%)
+    # stays near the neutral middle.
+    span = HEATMAP_MIN_SPAN * float(cells["step_ms"].median() or 0.0)
+    for m in metrics:
+        span = max(span, float((cells[m] - cells[m].median()).abs().max() or 0.0))
+    span = span or 1.0
+    cells[metrics] = cells[metrics].round(4)  # 0.1 us: finer than any color step or tooltip digit
     n_rows = cells["row"].nunique()
+    row_order = natural_sorted(cells["row"].unique())
     step_title = "step" if width == 1 else f"step (bins of {width})"
     cell_height = 14 if n_rows <= 64 else max(2, int(900 / n_rows))
     metric = alt.param(
@@ -256,16 +255,21 @@ def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
     return (
         alt.Chart(cells)
         .mark_rect()
-        .transform_calculate(value="datum[heat_metric]")
+        .transform_joinaggregate(**{f"{m}_median": f"median({m})" for m in metrics})
+        .transform_calculate(value="datum[heat_metric] - datum[heat_metric + '_median']")
         .encode(
             x=alt.X("step:O", title=step_title),
             y=alt.Y(
                 "row:N",
                 title=row_title,
-                sort="ascending",
+                sort=row_order,
                 axis=alt.Axis(labels=n_rows <= 64, ticks=n_rows <= 64),
             ),
-            color=alt.Color("value:Q", title="ms", scale=alt.Scale(scheme="orangered", zero=False)),
+            color=alt.Color(
+                "value:Q",
+                title="ms vs median",
+                scale=alt.Scale(scheme="blueorange", domain=[-span, span], domainMid=0, clamp=True),
+            ),
             tooltip=[
                 alt.Tooltip("row:N", title=row_title),
                 alt.Tooltip("core:N"),
@@ -308,7 +312,8 @@ def collectives_by_kind_chart(collectives: pd.DataFrame) -> alt.Chart | None:
                 "time:N",
                 title="time",
                 scale=alt.Scale(
-                    domain=["exposed", "overlapped"], range=[CATEGORY_COLORS["collectives"], "#ffbf79"]
+                    domain=["exposed", "overlapped"],
+                    range=[CATEGORY_COLORS["collectives"], COLLECTIVES_OVERLAPPED],
                 ),
             ),
             tooltip=[
@@ -324,21 +329,29 @@ def collectives_by_kind_chart(collectives: pd.DataFrame) -> alt.Chart | None:
 
 
 def collectives_size_chart(collectives: pd.DataFrame) -> alt.Chart | None:
-    """Each distinct collective as a point: message size vs time per step; many small ones = latency bound."""
+    """Each kind of collective as a point: its median message size per op vs its time per step.
+
+    Many small ones are latency bound (catalog §3.5). ``bytes`` (payload per device step) is in the
+    tooltip; the x axis is the size of one op, what the latency/bandwidth trade-off depends on."""
     if _empty(collectives):
         return None
     frame = collectives.copy()
     frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce")
-    frame = frame[frame["bytes"] > 0]  # sizes unknown (no shape in the trace): nothing to place on the axis
+    if "median_op_bytes" in frame.columns:
+        frame["op_bytes"] = pd.to_numeric(frame["median_op_bytes"], errors="coerce")
+    else:
+        frame["op_bytes"] = frame["bytes"] / frame["count_per_step"].where(frame["count_per_step"] > 0)
+    frame = frame[frame["op_bytes"] > 0]  # sizes unknown (no shapes in the trace): nothing to place
     if frame.empty:
         return None
     frame["total_ms"] = frame["exposed_ms_per_step"].fillna(0) + frame["overlapped_ms_per_step"].fillna(0)
-    frame["bytes"] = frame["bytes"].astype("float64").clip(lower=1)
+    frame["op_bytes"] = frame["op_bytes"].astype("float64").clip(lower=1)
     frame["dtype"] = frame["dtype"].fillna("?").astype(str) if "dtype" in frame.columns else "?"
     frame["sync_ms"] = frame["sync_ms"] if "sync_ms" in frame.columns else float("nan")
     frame["compute_ms"] = frame["compute_ms"] if "compute_ms" in frame.columns else float("nan")
     cols = [
         "kind",
+        "op_bytes",
         "bytes",
         "dtype",
         "count_per_step",
@@ -352,14 +365,20 @@ def collectives_size_chart(collectives: pd.DataFrame) -> alt.Chart | None:
         alt.Chart(frame[cols])
         .mark_circle(opacity=0.75, stroke="#333", strokeWidth=0.5)
         .encode(
-            x=alt.X("bytes:Q", scale=alt.Scale(type="log"), title="bytes per op", axis=alt.Axis(format="~s")),
+            x=alt.X(
+                "op_bytes:Q",
+                scale=alt.Scale(type="log"),
+                title="bytes per op (median over the kind's ops)",
+                axis=alt.Axis(format="~s"),
+            ),
             y=alt.Y("total_ms:Q", title="ms per step (exposed + overlapped)"),
             color=alt.Color("kind:N", title="kind"),
             size=alt.Size("count_per_step:Q", title="ops per step", scale=alt.Scale(range=[40, 600])),
             tooltip=[
                 alt.Tooltip("kind:N"),
                 alt.Tooltip("dtype:N"),
-                alt.Tooltip("bytes:Q", format=",.0f"),
+                alt.Tooltip("op_bytes:Q", format=",.0f", title="bytes per op (median)"),
+                alt.Tooltip("bytes:Q", format=",.0f", title="bytes per step (all ops of the kind)"),
                 alt.Tooltip("count_per_step:Q", format=".1f", title="ops per step"),
                 alt.Tooltip("exposed_ms_per_step:Q", format=".3f", title="exposed ms/step"),
                 alt.Tooltip("overlapped_ms_per_step:Q", format=".3f", title="overlapped ms/step"),
@@ -372,7 +391,8 @@ def collectives_size_chart(collectives: pd.DataFrame) -> alt.Chart | None:
 
 
 def input_wait_chart(input_frame: pd.DataFrame) -> alt.Chart | None:
-    """Infeed wait per core (or per host: max and mean over its cores) per step, sorted worst first."""
+    """Infeed wait per core (or per host: max and mean over its cores) per step, hosts in natural order
+    (w-2 before w-10), so a slow host stands out where it sits."""
     if _empty(input_frame):
         return None
     frame = input_frame.copy()
@@ -380,13 +400,14 @@ def input_wait_chart(input_frame: pd.DataFrame) -> alt.Chart | None:
     frame["infeed_ms_per_step"] = frame["infeed_ms_per_step"].astype("float64").fillna(0)
     if frame.shape[0] <= MAX_INPUT_BARS:
         frame["core"] = _core_label(frame["host"], frame["device_ordinal"])
+        order = natural_sorted(frame["core"].unique())
         mean = float(frame["infeed_ms_per_step"].mean()) or 1.0
         frame["vs_mean"] = frame["infeed_ms_per_step"] / mean
         return (
             alt.Chart(frame[["core", "host", "infeed_ms_per_step", "vs_mean"]])
             .mark_bar(color=CATEGORY_COLORS["input"])
             .encode(
-                x=alt.X("core:N", sort="-y", title="core (host : ordinal)", axis=alt.Axis(labelAngle=-60)),
+                x=alt.X("core:N", sort=order, title="core (host : ordinal)", axis=alt.Axis(labelAngle=-60)),
                 y=alt.Y("infeed_ms_per_step:Q", title="infeed ms per step"),
                 tooltip=[
                     alt.Tooltip("core:N"),
@@ -402,6 +423,7 @@ def input_wait_chart(input_frame: pd.DataFrame) -> alt.Chart | None:
         cores=("infeed_ms_per_step", "size"),
     )
     per_host = per_host.sort_values("max_ms", ascending=False).head(MAX_INPUT_BARS)
+    per_host = per_host.set_index("host").loc[natural_sorted(per_host["host"])].reset_index()
     tooltip = [
         alt.Tooltip("host:N"),
         alt.Tooltip("max_ms:Q", format=".3f", title="max over cores ms/step"),
@@ -411,7 +433,7 @@ def input_wait_chart(input_frame: pd.DataFrame) -> alt.Chart | None:
     x = alt.X(
         "host:N",
         sort=per_host["host"].tolist(),  # explicit order: both layers agree (a field sort would conflict)
-        title=f"host (the {per_host.shape[0]} with most input wait)",
+        title=f"host (the {per_host.shape[0]} with most input wait, in host order)",
         axis=alt.Axis(labelAngle=-60),
     )
     bars = (
@@ -428,42 +450,134 @@ def input_wait_chart(input_frame: pd.DataFrame) -> alt.Chart | None:
 
 
 def top_ops_chart(ops: pd.DataFrame) -> alt.Chart | None:
-    """The ops that take the most device time, colored by HLO category."""
+    """The ops that take the most device time, colored by attribution category (the palette)."""
     if _empty(ops):
         return None
     top = ops.sort_values("self_time_ms", ascending=False).head(TOP_OPS).copy()
-    for column in ("share", "flops", "bytes_accessed", "flop_utilization", "count"):
+    for column in ("share", "flops", "bytes_accessed", "flop_utilization", "count", "operational_intensity",
+                   "achieved_fraction"):
         if column not in top.columns:
             top[column] = float("nan")
-    top["category"] = top["category"].fillna("?").astype(str)
+    for column in ("hlo_category", "tf_op", "source", "bound_by"):
+        top[column] = top[column].fillna("").astype(str) if column in top.columns else ""
+    top["cat"] = top["category"].map(lambda c: c if c in CATEGORY_LABELS else "compute")
+    top["category"] = top["cat"].map(CATEGORY_LABELS)
     top["name"] = top["name"].astype(str).map(lambda s: s if len(s) <= 60 else s[:57] + "...")
     cols = [
         "name",
         "category",
+        "hlo_category",
+        "tf_op",
+        "source",
         "count",
         "self_time_ms",
         "share",
         "flops",
         "bytes_accessed",
         "flop_utilization",
+        "operational_intensity",
+        "bound_by",
+        "achieved_fraction",
     ]
+    present = [c for c in CATEGORIES if c in set(top["cat"])]
+    top = top.replace([np.inf, -np.inf], np.nan)
     return (
         alt.Chart(top[cols])
         .mark_bar()
         .encode(
             y=alt.Y("name:N", sort="-x", title=None, axis=alt.Axis(labelLimit=320)),
             x=alt.X("self_time_ms:Q", title="self time ms (all cores, whole capture)"),
-            color=alt.Color("category:N", title="HLO category"),
+            color=alt.Color("category:N", title="category", scale=_category_scale(present)),
             tooltip=[
                 alt.Tooltip("name:N"),
                 alt.Tooltip("category:N"),
+                alt.Tooltip("hlo_category:N", title="HLO category"),
+                alt.Tooltip("tf_op:N", title="framework op"),
+                alt.Tooltip("source:N"),
                 alt.Tooltip("count:Q", format=",.0f"),
                 alt.Tooltip("self_time_ms:Q", format=",.3f", title="self time ms"),
-                alt.Tooltip("share:Q", format=".2%", title="share of device time"),
+                alt.Tooltip("share:Q", format=".2%", title="share of op time (all ops, all cores)"),
                 alt.Tooltip("flops:Q", format=".3~s"),
                 alt.Tooltip("bytes_accessed:Q", format=".3~s", title="bytes accessed"),
                 alt.Tooltip("flop_utilization:Q", format=".1%", title="FLOP utilization"),
+                alt.Tooltip("operational_intensity:Q", format=",.2f", title="FLOPs per byte"),
+                alt.Tooltip("bound_by:N", title="bound by"),
+                alt.Tooltip("achieved_fraction:Q", format=".1%", title="of its roof"),
             ],
         )
         .properties(width="container", height=max(120, 20 * top.shape[0]))
     )
+
+
+# The roofline plots this many ops at most (by self time); the rest are in the ops table and JSON.
+ROOFLINE_OPS = 60
+
+
+def roofline_chart(ops: pd.DataFrame, roofline: dict | None) -> alt.LayerChart | None:
+    """Ops (and the whole program) on the roofline: FLOPs per byte vs achieved TFLOP/s, log-log.
+
+    The roof is the device's: HBM bandwidth x intensity left of the ridge point, the peak FLOP rate
+    right of it. Ops without FLOPs or bytes cannot sit on a log axis and stay in the table.
+    """
+    if _empty(ops) or not roofline or not roofline.get("peak_tflops") or not roofline.get("peak_hbm_gbps"):
+        return None
+    if "operational_intensity" not in ops.columns:
+        return None
+    frame = ops.copy()
+    frame["flop_rate_tflops"] = pd.to_numeric(frame.get("flop_rate_tflops"), errors="coerce")
+    frame = frame[np.isfinite(frame["operational_intensity"].astype("float64"))
+                  & (frame["operational_intensity"] > 0) & (frame["flop_rate_tflops"] > 0)]
+    if frame.empty:
+        return None
+    frame = frame.sort_values("self_time_ms", ascending=False).head(ROOFLINE_OPS)
+    peak, bandwidth = float(roofline["peak_tflops"]), float(roofline["peak_hbm_gbps"])
+    ridge = peak * 1e3 / bandwidth
+    programs = [p for p in roofline.get("programs") or [] if p.get("program") == "all programs"]
+    points = pd.DataFrame(
+        {
+            "name": frame["name"].astype(str),
+            "what": "op",
+            "framework_op": frame["tf_op"].fillna("").astype(str) if "tf_op" in frame.columns else "",
+            "intensity": frame["operational_intensity"].astype("float64"),
+            "tflops": frame["flop_rate_tflops"].astype("float64"),
+            "self_time_ms": frame["self_time_ms"].astype("float64"),
+            "bound_by": frame["bound_by"].fillna("unknown").astype(str),
+            "achieved": frame["achieved_fraction"].astype("float64"),
+        }
+    )
+    for program in programs:
+        if program.get("operational_intensity") and program.get("flop_rate_tflops"):
+            points.loc[len(points)] = {
+                "name": "all programs", "what": "program", "framework_op": "",
+                "intensity": program["operational_intensity"], "tflops": program["flop_rate_tflops"],
+                "self_time_ms": program["self_time_ms"], "bound_by": program["bound_by"] or "unknown",
+                "achieved": program["achieved_fraction"],
+            }
+    lo = min(float(points["intensity"].min()), ridge) / 4
+    hi = max(float(points["intensity"].max()), ridge) * 4
+    grid = np.geomspace(lo, hi, 60)
+    roof = pd.DataFrame({"intensity": grid, "tflops": np.minimum(peak, grid * bandwidth / 1e3)})
+    x = alt.X("intensity:Q", scale=alt.Scale(type="log"), title="operational intensity (FLOPs per HBM byte)")
+    y = alt.Y("tflops:Q", scale=alt.Scale(type="log"), title="achieved TFLOP/s (per core)")
+    roof_line = alt.Chart(roof).mark_line(color=ROOFLINE["roof"], strokeWidth=2).encode(
+        x=x, y=y, tooltip=[alt.Tooltip("intensity:Q", format=",.2f", title="FLOPs per byte"),
+                           alt.Tooltip("tflops:Q", format=",.2f", title="roof TFLOP/s")])
+    ridge_rule = alt.Chart(pd.DataFrame({"intensity": [ridge]})).mark_rule(
+        color=ROOFLINE["roof"], strokeDash=[4, 4]).encode(
+        x="intensity:Q", tooltip=[alt.Tooltip("intensity:Q", format=",.1f", title="ridge point FLOPs/byte")])
+    dots = alt.Chart(points).mark_point(filled=True, opacity=0.8).encode(
+        x=x, y=y,
+        color=alt.Color("bound_by:N", title="bound by",
+                        scale=alt.Scale(domain=["compute", "memory", "unknown"],
+                                        range=[ROOFLINE["compute"], ROOFLINE["memory"], "#999999"])),
+        shape=alt.Shape("what:N", title=None, scale=alt.Scale(domain=["op", "program"],
+                                                              range=["circle", "diamond"])),
+        size=alt.Size("self_time_ms:Q", title="self time ms", scale=alt.Scale(range=[30, 500])),
+        tooltip=[alt.Tooltip("name:N"), alt.Tooltip("framework_op:N", title="framework op"),
+                 alt.Tooltip("intensity:Q", format=",.2f", title="FLOPs per byte"),
+                 alt.Tooltip("tflops:Q", format=",.3f", title="achieved TFLOP/s"),
+                 alt.Tooltip("bound_by:N", title="bound by"),
+                 alt.Tooltip("achieved:Q", format=".1%", title="of its roof"),
+                 alt.Tooltip("self_time_ms:Q", format=",.3f", title="self time ms")],
+    )
+    return alt.layer(roof_line, ridge_rule, dots).properties(width="container", height=300)

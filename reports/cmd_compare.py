@@ -23,13 +23,16 @@ def _signed(value: float, unit: str = "") -> str:
 
 def render(comparison: RunComparison, console: Console) -> None:
     """The terminal view: step time, breakdown, top ops, findings that changed."""
-    head = Table(title=f"compare  A = {safe(comparison.a)}   B = {safe(comparison.b)}")
-    for name in ("", "A", "B", "B - A"):
+    head = Table(title=f"compare  A = {safe(comparison.a)}   B = {safe(comparison.b)}",
+                 caption="per train step: ms and share of the step (report's breakdown gives shares of "
+                         "wall time)")
+    for name in ("", "A: ms · of step", "B: ms · of step", "B - A"):
         head.add_column(name, justify="right" if name else "left")
     head.add_row("step time", f"{comparison.step_a_ms:.3f} ms", f"{comparison.step_b_ms:.3f} ms",
                  f"{comparison.step_b_ms - comparison.step_a_ms:+.3f} ms ({comparison.slower_pct:+.1f}%)")
     for row in comparison.breakdown.itertuples(index=False):
-        label = row.category + (" (hidden, not in step)" if row.category == "collectives_overlapped" else "")
+        label = row.category + {"collectives_overlapped": " (hidden, not in step)",
+                                "idle": " (within steps)"}.get(row.category, "")
         head.add_row(label, f"{row.a_ms:.3f} ms  {row.a_share:5.1%}",
                      f"{row.b_ms:.3f} ms  {row.b_share:5.1%}", _signed(row.delta_ms, " ms"))
     per_chip = comparison.throughput_per_chip
@@ -73,7 +76,13 @@ def render(comparison: RunComparison, console: Console) -> None:
 @wait_option
 def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None, per_chip: bool,
             allow_mixed: bool, top: int, json_path: Path | None) -> None:
-    """Compare run B against run A (RUNS = A B: trace paths, DB:RUN, or run ids/names in --db)."""
+    """Compare run B against run A (RUNS = A B: trace paths, DB:RUN, or run ids/names in --db).
+
+    \b
+    Examples (from the repository root; exit status 1 when B is slower than the limit: a CI gate):
+      tpuanalyze compare sample_traces/generated/resnet50_v3-32_baseline sample_traces/generated/resnet50_v3-32_input-bound
+      tpuanalyze compare sample_traces/generated/resnet50_v3-32_baseline sample_traces/generated/resnet50_v3-32_host-overhead --fail-if-slower 5
+    """  # noqa: E501 (example lines are shown as they are typed)
     if len(runs) != 2:
         raise TpuAnalyzeError(f"compare takes exactly 2 runs (A B), got {len(runs)}")
     a, b = runs
@@ -95,7 +104,9 @@ def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None,
         click.echo(f"tpuanalyze: warning: {warning}", err=True)
     render(comparison, wide_console())
     if json_path is not None:
-        json_path.write_text(json.dumps(comparison.to_json(), indent=2, default=str))
+        from tpuanalyze.analyzer.api import json_header
+
+        json_path.write_text(json.dumps({**json_header(), **comparison.to_json()}, indent=2, default=str))
     if per_chip and comparison.slower_per_chip_pct is None:
         raise TpuAnalyzeError("--per-chip: the chip count of A or B is unknown")
     slower = comparison.slower_per_chip_pct if per_chip else comparison.slower_pct

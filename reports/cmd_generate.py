@@ -38,7 +38,13 @@ from tpuanalyze.reports.progress import progress_bar
 def command(
     model: str, chips: int, steps: int, hosts: int | None, scenario: str, seed: int, out: Path
 ) -> None:
-    """Generate a TPU-v3 pod trace calibrated to the MLPerf runs, with exact ground truth."""
+    """Generate a TPU-v3 pod trace calibrated to the MLPerf runs, with exact ground truth.
+
+    \b
+    Examples:
+      tpuanalyze generate --model resnet50 --chips 16 --out generated_resnet50
+      tpuanalyze generate --model bert --chips 4096 --hosts 2 --scenario weight-update-unsharded --out generated_bert
+    """  # noqa: E501 (example lines are shown as they are typed)
     with progress_bar(total=None, description="generate hosts") as bar:
 
         def report(done: int, total: int) -> None:

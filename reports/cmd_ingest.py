@@ -28,6 +28,11 @@ def command(paths: tuple[str, ...], db_path: str, progress: bool | None) -> None
 
     All or nothing: a bad file leaves the database unchanged. Re-ingesting a path replaces its run.
     The analyzer's attribution views (step_breakdown, ...) are created for `tpuanalyze sql`.
+
+    \b
+    Examples (from the repository root):
+      tpuanalyze ingest sample_traces/jax_cpu sample_traces/mlperf --db demo.duckdb
+      tpuanalyze ingest sample_traces/generated/resnet50_v3-32_baseline --db demo.duckdb
     """
     show = sys.stderr.isatty() if progress is None else progress
     summary = ingest_paths(list(paths), db_path, progress=show)

@@ -90,7 +90,13 @@ def summary_records(summary: pd.DataFrame) -> list[dict]:
               help="Also write the summary as JSON to FILE.")
 @wait_option
 def command(paths: tuple[Path, ...], db_path: Path | None, json_path: Path | None) -> None:
-    """Summarize MLPerf result logs (result_*.txt, :::MLLOG and :::MLL): time to train per folder."""
+    """Summarize MLPerf result logs (result_*.txt, :::MLLOG and :::MLL): time to train per folder.
+
+    \b
+    Examples (from the repository root):
+      tpuanalyze mlperf sample_traces/mlperf
+      tpuanalyze mlperf sample_traces/mlperf --json mlperf.json
+    """
     frames = []
     if paths:
         frames.append(summarize_paths(paths))
@@ -117,7 +123,9 @@ def command(paths: tuple[Path, ...], db_path: Path | None, json_path: Path | Non
     if not pivot.empty:
         console.print(pivot_table(pivot))
     if json_path is not None:
-        document = {"mlperf": summary_records(summary),
+        from tpuanalyze.analyzer.api import json_header
+
+        document = {**json_header(), "mlperf": summary_records(summary),
                     "time_to_train_by_chips": [
                         {"version": v, "benchmark": b, "framework": f or None,
                          "time_to_train_s": {str(c): t for c, t in row.items() if not math.isnan(t)}}

@@ -183,10 +183,12 @@ def chips_order(analyses: Sequence[Any]) -> list[int]:
     return sorted(range(len(analyses)), key=lambda i: chips[i])
 
 
-def _write_json(analyses: Sequence[Any], target: str) -> None:
+def _write_json(analyses: Sequence[Any], target: str, series: Sequence[Any] | None = None) -> None:
     from tpuanalyze.analyzer.api import report_json
+    from tpuanalyze.reports.view import series_findings
 
-    text = json.dumps(report_json(analyses), indent=2, allow_nan=False) + "\n"
+    document = report_json(analyses, series_findings(series or ()))
+    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
     if target == "-":
         sys.stdout.write(text)
     else:
@@ -250,6 +252,12 @@ def _write_html(
     help="With a database PATH: report only these runs (repeatable; default all trace runs).",
 )
 @click.option(
+    "--sql",
+    "show_sql",
+    is_flag=True,
+    help="Print each finding's SQL in the terminal summary (rerun it with `tpuanalyze sql --db FILE`).",
+)
+@click.option(
     "--xprof",
     "with_xprof",
     is_flag=True,
@@ -276,6 +284,7 @@ def command(
     html_path: Path | None,
     thresholds: Path | None,
     run_selectors: tuple[str, ...],
+    show_sql: bool,
     with_xprof: bool,
     quiet: bool,
     show_progress: bool | None,
@@ -284,17 +293,21 @@ def command(
     """Analyse traces (or a tpuanalyze database) and report: terminal summary, --html, --json.
 
     \b
-    Examples:
-      tpuanalyze report sample_traces/generated/resnet50_v3-32 --html report.html
-      tpuanalyze report run1/ run2/ --db runs.duckdb --json report.json
-      tpuanalyze report runs.duckdb --run 2 --html run2.html
-    """
+    Examples (from the repository root):
+      tpuanalyze report sample_traces/jax_cpu/pmap8_input_bound --html report.html
+      tpuanalyze report sample_traces/generated/resnet50_v3-32_baseline sample_traces/jax_cpu/pmap8_train_eval --db runs.duckdb --json report.json
+      tpuanalyze report runs.duckdb --sql --html runs.html
+    """  # noqa: E501 (example lines are shown as they are typed)
     _check_exists(paths)
     for target in (json_path, html_path):  # fail before a long analysis, not after it
         if target is not None and str(target) != "-" and not Path(target).resolve().parent.is_dir():
             raise TpuAnalyzeError("cannot write here: no such directory", str(target))
     if thresholds is not None and not thresholds.is_file():
         raise TpuAnalyzeError("no such thresholds file", str(thresholds))
+    if thresholds is not None:  # a typo in the file fails before a long ingest, not after it
+        from tpuanalyze.analyzer.config import load_thresholds
+
+        load_thresholds(thresholds)
     if with_xprof:  # before a long analysis: without XProf, one line saying how to get it
         from tpuanalyze.reports.xprof_side import xprof_python
 
@@ -322,7 +335,7 @@ def command(
                 _install_views(db_path, thresholds)
             analyses, series = analyse(target, run_ids, (), thresholds, show, with_xprof, keep_warmup)
         database_note = str(db_path) if db_path is not None else None
-    emit_reports(analyses, json_path, html_path, quiet, show, database_note, series)
+    emit_reports(analyses, json_path, html_path, quiet, show, database_note, series, show_sql)
 
 
 def emit_reports(
@@ -333,12 +346,16 @@ def emit_reports(
     show_progress: bool,
     database: str | None,
     series: Sequence[Any] | None = None,
+    show_sql: bool = False,
 ) -> None:
-    """Terminal summary (unless quiet or JSON goes to stdout), then the files."""
+    """Terminal summary (unless quiet or JSON goes to stdout), then the files.
+
+    ``database`` is the kept database file (None: it was temporary and is gone), so the terminal
+    only ever points at a database that exists."""
     from tpuanalyze.reports import terminal
 
     if not quiet and json_path != "-":
-        terminal.print_summary(analyses, series=series or ())
+        terminal.print_summary(analyses, series=series or (), database=database, show_sql=show_sql)
         if any("xprof" in a.summary for a in analyses):
             from tpuanalyze.reports.xprof_side import print_xprof
 
@@ -350,6 +367,6 @@ def emit_reports(
                 err=True,
             )
     if json_path is not None:
-        _write_json(analyses, json_path)
+        _write_json(analyses, json_path, series)
     if html_path is not None:
         _write_html(analyses, html_path, show_progress, series)

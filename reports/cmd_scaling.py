@@ -210,7 +210,8 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
     categories = [c for c in CATEGORIES if c in analysis.measured]
     title = f"{safe(analysis.workload or 'scaling')}  ({analysis.batch_mode})"
     measured = Table(title=f"{title}: measured")
-    for name in ["run", "chips", f"{metric}"] + [f"{c} [{unit}] share" for c in categories] + \
+    # "[ms]" would be rich markup: the unit and the share's base are spelled out instead
+    for name in ["run", "chips", f"{metric}"] + [f"{c} {unit} · of step" for c in categories] + \
             ["efficiency", "speedup"]:
         measured.add_column(name, justify="left" if name == "run" else "right")
     for row in analysis.measured.to_dict(orient="records"):
@@ -230,7 +231,7 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
 
     projection = Table(title="projection (ESTIMATES from the fitted model, not measurements)")
     shares = [c for c in categories if f"{c}_share_est" in analysis.projection]
-    for name in ["chips", f"{metric} est", "error"] + [f"{c} share" for c in shares] + ["efficiency est"]:
+    for name in ["chips", f"{metric} est", "error"] + [f"{c} of step" for c in shares] + ["efficiency est"]:
         projection.add_column(name, justify="right")
     for row in analysis.projection.to_dict(orient="records"):
         label = f"{int(row['chips'])}" + ("" if row["measured"] else " (est)")
@@ -324,7 +325,13 @@ def _db_trace_runs(db_path: Path) -> list[str]:
 @wait_option
 def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...], project: tuple[str, ...],
             json_path: Path | None, html_path: Path | None, allow_mixed: bool) -> None:
-    """Scaling across runs of one workload at different chip counts (traces, DB runs or MLPerf logs)."""
+    """Scaling across runs of one workload at different chip counts (traces, DB runs or MLPerf logs).
+
+    \b
+    Examples (from the repository root):
+      tpuanalyze scaling sample_traces/scaling --html scaling.html
+      tpuanalyze scaling sample_traces/scaling/gnmt_16 sample_traces/scaling/gnmt_64 --project 1024 --json scaling.json
+    """  # noqa: E501 (example lines are shown as they are typed)
     if db_path is not None and not db_path.exists():
         raise TpuAnalyzeError("no such database", str(db_path))
     overrides = _parse_overrides(chips)
@@ -375,7 +382,10 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
     for analysis in analyses:
         render(analysis, console)
     if json_path is not None:
-        json_path.write_text(json.dumps({"series": [a.to_json() for a in analyses]}, indent=2, default=str))
+        from tpuanalyze.analyzer.api import json_header
+
+        document = {**json_header(), "series": [a.to_json() for a in analyses]}
+        json_path.write_text(json.dumps(document, indent=2, default=str))
     if html_path is not None:
         from tpuanalyze.reports.scaling_charts import scaling_html
 

@@ -102,7 +102,24 @@ def run_query(db_path: str, query: str) -> tuple[list[str], list[tuple[Any, ...]
 )
 @wait_option
 def command(query: str, db_path: str, fmt: str) -> None:
-    """Run QUERY against the trace database (read-only) and print the result."""
+    """Run QUERY against the trace database (read-only) and print the result.
+
+    \b
+    Relations (columns: docs/schema.md, docs/attribution.md):
+      runs, hosts, planes, lines         what was ingested (one row per run, host file, plane, line)
+      events, event_stats                one row per trace event (typed stats; every stat)
+      event_metadata                     one row per event metadata of a plane
+      mlperf_results, mlperf_intervals   MLPerf result logs (runs with source_format 'mlperf')
+      step_breakdown, device_breakdown   attribution per step and per device (categories in ps)
+      collective_time, op_steps          collectives per step; every device op with its step
+      att_*                              the attribution's intermediate views
+
+    \b
+    Examples (from the repository root):
+      tpuanalyze ingest sample_traces/jax_cpu --db demo.duckdb
+      tpuanalyze sql --db demo.duckdb "SELECT run_id, name, num_devices, num_events FROM runs"
+      tpuanalyze sql --db demo.duckdb --format csv "SELECT run_id, device_ordinal, step_num, duration_ps FROM step_breakdown LIMIT 5"
+    """  # noqa: E501 (example lines are shown as they are typed)
     names, rows, types = run_query(db_path, query)
     if fmt == "json":
         records = [{n: _jsonable(v) for n, v in zip(names, row, strict=False)} for row in rows]

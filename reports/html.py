@@ -113,7 +113,7 @@ def run_section(index: int, analysis: Any) -> RunSection:
         anchor=f"run-{index}",
         summary=summary,
         step_time=view.step_time_text(summary),
-        breakdown=view.breakdown_rows(summary, steps),
+        breakdown=view.breakdown_rows(summary, steps, _frame(analysis, "per_core")),
         findings=view.ranked_findings(view.run_findings(analysis)),
         worst_cores=_records(
             view.worst_rows(steps, ["host", "device_ordinal"], fallback=_frame(analysis, "per_core"))
@@ -127,6 +127,8 @@ def run_section(index: int, analysis: Any) -> RunSection:
         capture_warnings=view.capture_warnings(summary),
         programs=view.program_rows(summary),
     )
+    inputs = _frame(analysis, "input")
+    per_host_input = inputs is not None and len(inputs) > charts.MAX_INPUT_BARS
     no_steps = "no device steps in this trace"
     section.charts = {
         "shares": _block(
@@ -163,7 +165,8 @@ def run_section(index: int, analysis: Any) -> RunSection:
         "coll_size": _block(
             f"{prefix}-coll-size",
             "Collectives by size",
-            "Each point is a distinct collective; many small ones are latency bound (catalog §3.5).",
+            "Each point is a kind of collective: its median bytes per op against its milliseconds per step; "
+            "many small ones are latency bound (catalog §3.5).",
             charts.collectives_size_chart(collectives),
             note="no collectives in this trace"
             if collectives is None or collectives.empty
@@ -171,24 +174,53 @@ def run_section(index: int, analysis: Any) -> RunSection:
         ),
         "input": _block(
             f"{prefix}-input",
-            "Input wait per core",
-            "Infeed time per step on each core; one high bar is a slow host (catalog §3.8).",
+            "Input wait per host" if per_host_input else "Input wait per core",
+            ("Infeed ms per step of each host (bar: its slowest core, tick: the mean of its cores), hosts "
+             "in order; one high bar is a slow host (catalog §3.8)." if per_host_input else
+             "Infeed ms per step on each core, cores in host order; one high bar is a slow host "
+             "(catalog §3.8)."),
             charts.input_wait_chart(_frame(analysis, "input")),
             note="no input wait in this trace",
         ),
         "ops": _block(
             f"{prefix}-ops",
             "Top ops by self time",
-            "The ops that take the most device time; hover for FLOPs and utilization.",
+            "The ops that take the most device time, in their category's color; hover for the framework "
+            "op, source, FLOPs and roofline.",
             charts.top_ops_chart(ops),
             note="no op events in this trace",
+        ),
+        "roofline": _block(
+            f"{prefix}-roofline",
+            "Roofline",
+            _roofline_caption(summary.get("roofline") or {}),
+            charts.roofline_chart(ops, summary.get("roofline")),
+            note=_roofline_note(summary.get("roofline") or {}),
         ),
     }
     return section
 
 
+def _roofline_caption(roofline: dict) -> str:
+    if not roofline.get("peak_tflops"):
+        return ""
+    source = "the trace's device plane" if roofline.get("source") == "trace" else "the catalog (§2)"
+    return (
+        f"Each op's FLOPs per HBM byte against its achieved TFLOP/s; the roof is "
+        f"{roofline['peak_hbm_gbps']:,.0f} GB/s x intensity up to the ridge point "
+        f"({roofline['ridge_flops_per_byte']:,.1f} FLOPs/byte), then {roofline['peak_tflops']:,.1f} TFLOP/s "
+        f"(per core, from {source}). Left of the ridge an op is memory bound, right of it compute bound."
+    )
+
+
+def _roofline_note(roofline: dict) -> str:
+    if not roofline.get("peak_tflops"):
+        return "the device's peak FLOP/s and HBM bandwidth are not in this trace: no roofline"
+    return "no op with both FLOPs and bytes accessed in this trace"
+
+
 def scaling_blocks(analyses: Sequence[Any]) -> list[ChartBlock]:
-    """The scaling engineer's charts (``reports/scaling_charts.py``) of ScalingAnalysis series or runs.
+    """The scaling charts (``reports/scaling_charts.py``) of ScalingAnalysis series or runs.
 
     The module is optional: without it, or without a series, there is no scaling section.
     """
@@ -252,6 +284,8 @@ def _environment() -> jinja2.Environment:
     env.filters["msf"] = view.format_ms
     env.filters["pct"] = lambda v, d=1: "" if v is None else f"{float(v) * 100:.{d}f}%"
     env.filters["ms"] = lambda v: "" if v is None else f"{float(v):,.3f}"
+    env.filters["intensity"] = view.format_intensity
+    env.filters["framework"] = view.framework_text
     return env
 
 

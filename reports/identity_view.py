@@ -47,5 +47,8 @@ def identity_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if not identity:
         return []
     workload = (identity.get("workload") or {}).get("label") or "not stated (no XLA program named)"
-    return [("device", _platform(identity)), ("workload", workload), ("chips", _chips(identity)),
-            ("batch", _batch(identity))]
+    rows = [("device", _platform(identity)), ("workload", workload)]
+    mode = (identity.get("workload") or {}).get("mode")
+    if mode:  # why the findings' advice is worded as it is (docs/findings.md, platforms and workloads)
+        rows.append(("mode", f"{mode} ({identity['workload'].get('mode_evidence') or 'no evidence'})"))
+    return rows + [("chips", _chips(identity)), ("batch", _batch(identity))]

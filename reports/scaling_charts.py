@@ -8,7 +8,6 @@ estimates (dashed lines, a shaded range, lighter bars) and every mark has a tool
 
 from __future__ import annotations
 
-import html as _html
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -17,9 +16,17 @@ import altair as alt
 import numpy as np
 import pandas as pd
 from tpuanalyze.analyzer.scaling import ScalingAnalysis
-from tpuanalyze.reports.charts import CATEGORY_COLORS, CATEGORY_LABELS
+from tpuanalyze.reports.palette import (
+    BOUNDARY,
+    CATEGORY_COLORS,
+    CATEGORY_LABELS,
+    EFFICIENCY,
+    MEASURED_POINT,
+    OTHER,
+    TOTAL,
+)
 
-_COLORS = {**CATEGORY_COLORS, "other": "#9d755d", "total": "#4c78a8"}
+_COLORS = {**CATEGORY_COLORS, "other": OTHER, "total": TOTAL}
 _LABELS = {**CATEGORY_LABELS, "other": "other (not in a category)", "total": "time to train"}
 
 
@@ -69,7 +76,7 @@ def step_time_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     projection["high"] = projection["value"] * (1 + projection["error_est"].fillna(0))
     label = "step time" if metric == "step_time_ms" else "time to train"
     y = alt.Y("value:Q", title=f"{label} [{unit}]", scale=alt.Scale(zero=False))
-    band = alt.Chart(projection).mark_area(opacity=0.15, color="#4c78a8").encode(
+    band = alt.Chart(projection).mark_area(opacity=0.15, color=TOTAL).encode(
         x=_x(), y=alt.Y("low:Q", title=f"{label} [{unit}]"), y2="high:Q",
         tooltip=[alt.Tooltip("chips:Q", format="d"),
                  alt.Tooltip("value:Q", title=f"estimate [{unit}]", format=".3f"),
@@ -77,10 +84,10 @@ def step_time_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
                  alt.Tooltip("high:Q", title="estimate range to", format=".3f")])
     curve = _fit_curve(analysis)
     curve = curve[curve["category"] == "step (sum)"]
-    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color="#4c78a8").encode(
+    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color=TOTAL).encode(
         x=_x(), y=y, tooltip=[alt.Tooltip("chips:Q", format="d"),
                               alt.Tooltip("value:Q", title=f"estimate [{unit}]", format=".3f")])
-    points = alt.Chart(measured).mark_point(filled=True, size=80, color="#e45756").encode(
+    points = alt.Chart(measured).mark_point(filled=True, size=80, color=MEASURED_POINT).encode(
         x=_x(), y=y, tooltip=["run:N", "chips:Q", alt.Tooltip("value:Q", title=f"measured [{unit}]",
                                                               format=".3f")])
     boundaries = _boundaries(analysis)
@@ -159,11 +166,11 @@ def efficiency_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     projection = analysis.projection[["chips", "per_core_throughput_rel_est"]]
     y = alt.Y("eff:Q", title="per-core throughput vs smallest run", axis=alt.Axis(format="%"))
     line = alt.Chart(projection.rename(columns={"per_core_throughput_rel_est": "eff"})).mark_line(
-        strokeDash=[6, 4], color="#54a24b").encode(
+        strokeDash=[6, 4], color=EFFICIENCY).encode(
         x=_x(), y=y, tooltip=[alt.Tooltip("chips:Q", format="d"),
                               alt.Tooltip("eff:Q", title="estimate", format=".1%")])
     points = alt.Chart(measured.rename(columns={"per_core_throughput_rel": "eff"})).mark_point(
-        filled=True, size=80, color="#54a24b").encode(
+        filled=True, size=80, color=EFFICIENCY).encode(
         x=_x(), y=y, tooltip=["run:N", alt.Tooltip("chips:Q", format="d"),
                               alt.Tooltip("eff:Q", title="measured", format=".1%")])
     return (line + points).properties(width=420, height=260,
@@ -172,7 +179,8 @@ def efficiency_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
 
 # --- the time-to-train model (MLPerf series, and trace series placed in it) -----------------------------
 
-_MEASURED, _ESTIMATE, _BOUNDARY = "#e45756", "#4c78a8", "#72b7b2"
+# palette colors no category wears: measured dots, the estimate, regime boundaries
+_MEASURED, _ESTIMATE, _BOUNDARY = MEASURED_POINT, TOTAL, BOUNDARY
 
 
 def _boundaries(analysis: ScalingAnalysis) -> pd.DataFrame:
@@ -270,10 +278,10 @@ def throughput_chart(analysis: ScalingAnalysis) -> alt.LayerChart:
     title = "examples/s per core"
     tips = [alt.Tooltip("chips:Q", format="d"), alt.Tooltip("per_core_batch:Q", title="per-core batch"),
             alt.Tooltip("throughput:Q", title=f"{title}, estimate", format=".1f")]
-    band = alt.Chart(curve).mark_area(opacity=0.15, color="#54a24b").encode(
+    band = alt.Chart(curve).mark_area(opacity=0.15, color=EFFICIENCY).encode(
         x=_x(), y=alt.Y("throughput_low:Q", title=title, scale=alt.Scale(type="log")),
         y2="throughput_high:Q", tooltip=tips)
-    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color="#54a24b").encode(
+    line = alt.Chart(curve).mark_line(strokeDash=[6, 4], color=EFFICIENCY).encode(
         x=_x(), y=alt.Y("throughput:Q", scale=alt.Scale(type="log")), tooltip=tips)
     points = alt.Chart(measured).mark_point(filled=True, size=80, color=_MEASURED).encode(
         x=_x(), y=alt.Y("per_core_examples_per_s:Q", scale=alt.Scale(type="log")),
@@ -384,105 +392,10 @@ def scaling_charts(items: Sequence[Any]) -> list[tuple[str, str, Any]]:
 
 
 def scaling_html(analyses: Sequence[ScalingAnalysis], title: str = "tpuanalyze scaling") -> str:
-    """A self-contained page (Vega inlined, no network) with every series' charts and findings."""
-    from tpuanalyze.reports.html import spec_json, vendor_javascript
+    """The stand-alone scaling page (reports/scaling_page.py: the report's style, offline)."""
+    from tpuanalyze.reports.scaling_page import scaling_html as page
 
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>",
-             "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
-             "script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:; "
-             "connect-src 'none'\">",
-             "<style>body{font-family:sans-serif;margin:2em}.chart{display:inline-block;vertical-align:top;"
-             "margin:1em}.chart small{display:block;max-width:560px}.table{overflow-x:auto}"
-             "td,th{padding:2px 8px;text-align:right}#render-status{display:none}</style>",
-             f"<script>{_STATUS_SCRIPT}</script>",
-             f"<script>{vendor_javascript()}</script></head><body>", f"<h1>{_html.escape(title)}</h1>",
-             "<p>Projections are estimates from simple fitted models, not measurements.</p>"]
-    specs = []
-    for analysis in analyses:
-        parts.append(f"<h2>{_html.escape(analysis.workload or 'series')}</h2>")
-        parts.append("<div class='table'>" + analysis.measured.to_html(
-            index=False, float_format=lambda v: f"{v:.4g}", classes="measured") + "</div>")
-        parts.extend(_time_to_train_html(analysis))
-        fits = pd.DataFrame([{"category": c, "form": f.form, "model": f.formula, "in-sample rms": f.rms_error,
-                              "leave-one-out rms": f.loo_error} for c, f in analysis.fits.items()])
-        parts.append("<h3>Fitted model per category</h3>")
-        parts.append(fits.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"))
-        parts.append("<h3>Projection (estimates from the fitted model, not measurements)</h3>")
-        parts.append("<div class='table'>" + analysis.projection.to_html(
-            index=False, float_format=lambda v: f"{v:.4g}") + "</div>")
-        if analysis.holdout and "relative_error" in analysis.holdout:
-            h = analysis.holdout
-            parts.append(f"<p>Held-out check: fitted on {h['fitted_on_chips']} chips, predicts "
-                         f"{h['predicted']:.4g} {analysis.unit} at {h['chips']} chips vs measured "
-                         f"{h['measured']:.4g} ({h['relative_error']:+.1%}).</p>")
-        for finding in analysis.findings:
-            parts.append(f"<p><b>{finding['rule']}</b> ({finding['severity']}): "
-                         f"{_html.escape(finding['evidence']['summary'])}. "
-                         f"{_html.escape(finding['recommendation'])}</p>")
-        for title_text, caption, chart in charts_for(analysis):
-            chart_id = f"chart{len(specs)}"
-            specs.append((chart_id, spec_json(chart)))
-            parts.append(f"<div class='chart' id='{chart_id}-block'><h3>{_html.escape(title_text)}</h3>"
-                         f"<div id='{chart_id}'></div><small>{_html.escape(caption)}</small></div>")
-    # Vega needs 'unsafe-eval' (expression functions); the page still fetches nothing (connect-src none).
-    # Each chart settles its own promise, so one bad chart is an error in the status, not a blank page.
-    calls = ",".join(f"vegaEmbed('#{cid}', {spec}, {{actions: false, renderer: 'svg'}})"
-                     f".then(() => {{ st.rendered += 1; st.flush(); }},"
-                     f" e => {{ st.errors.push('{cid}: ' + e); st.flush(); }})"
-                     for cid, spec in specs)
-    parts.append("<pre id='render-status' hidden></pre>")
-    parts.append(f"<script>var st = window.__tpuReport; st.charts = {len(specs)}; st.flush();"
-                 f"Promise.all([{calls}]).then(() => {{ st.done = true; st.flush(); }});</script>"
-                 "</body></html>")
-    return "\n".join(parts)
-
-
-def _time_to_train_html(analysis: ScalingAnalysis) -> list[str]:
-    """The time-to-train model's limit, remedies and the trace runs beside the logged results."""
-    parts = []
-    limits = (analysis.time_to_train or {}).get("limits")
-    if limits:
-        passes = limits.get("fixed_passes_compute_chips")
-        cap, limit = limits["convergence_cap_batch"], limits["data_parallel_limit_chips"]
-        where = f"passes compute at ~{passes} chips." if passes else "never passes compute."
-        parts.append(f"<h3>The limit (estimates)</h3><p>Global batch capped at {cap}: data parallelism runs "
-                     f"out at ~{limit} chips (one example per core, catalog §3.1); the non-shrinking step "
-                     f"(all-reduce, weight update, overhead) {where}</p><ul>")
-        for remedy in limits["remedies"]:
-            parts.append(f"<li>{_html.escape(remedy['remedy'])} (catalog §{remedy['catalog']}) at "
-                         f"{remedy['at_chips']} chips: {remedy['gain_s']:.3g} s = {remedy['fraction']:.1%} "
-                         f"of time to train ({_html.escape(remedy['model'])}; estimate)</li>")
-        parts.append("</ul>")
-    if analysis.joined:
-        table = pd.DataFrame(analysis.joined)[[
-            "trace_run", "chips", "trace_step_ms", "logged_step_ms_est", "logged_steps",
-            "time_to_train_from_trace_s_est", "logged_time_to_train_s", "difference"]]
-        parts.append("<h3>Trace runs beside the MLPerf result at the same chips</h3><div class='table'>"
-                     + table.to_html(index=False, float_format=lambda v: f"{v:.4g}") + "</div>")
-    return parts
-
-
-# The same render bookkeeping as the report template (reports/templates/report.html.j2): errors, CSP
-# violations and Vega warnings land as JSON in #render-status, which reports/browser.py reads.
-_STATUS_SCRIPT = """
-window.__tpuReport = { charts: 0, rendered: 0, errors: [], warnings: [], done: false };
-(function () {
-  var st = window.__tpuReport;
-  st.flush = function () { var el = document.getElementById("render-status");
-    if (el) { el.textContent = JSON.stringify(st); } };
-  window.addEventListener("error", function (e) {
-    st.errors.push("error: " + (e.message || e.type)); st.flush(); });
-  window.addEventListener("unhandledrejection", function (e) {
-    st.errors.push("rejection: " + e.reason); st.flush(); });
-  document.addEventListener("securitypolicyviolation", function (e) {
-    st.errors.push("csp: blocked " + e.blockedURI + " (" + e.violatedDirective + ")"); st.flush(); });
-  var origError = console.error, origWarn = console.warn;
-  console.error = function () { st.errors.push("console.error: " + Array.prototype.join.call(arguments, " "));
-    st.flush(); return origError.apply(console, arguments); };
-  console.warn = function () { st.warnings.push(Array.prototype.join.call(arguments, " ")); st.flush();
-    return origWarn.apply(console, arguments); };
-})();
-"""
+    return page(analyses, title)
 
 
 def dumps_specs(analyses: Sequence[ScalingAnalysis]) -> str:

@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from rich import box
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -86,24 +87,24 @@ def header(summary: dict) -> Panel:
     return Panel(grid, title=title, title_align="left", box=box.ROUNDED)
 
 
-def breakdown_table(summary: dict, steps: Any) -> Table:
+def breakdown_table(summary: dict, steps: Any, per_core: Any = None) -> Table:
     table = Table(
-        title="Where the time goes (share of the devices' wall time)",
+        title="Where the time goes (of wall: share of the devices' wall time; ms per train step)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    table.add_column("category")
-    table.add_column("share", justify="right")
+    table.add_column("category", no_wrap=True)
+    table.add_column("of wall", justify="right")
     table.add_column("ms/step", justify="right")
     table.add_column("cores min-max", justify="right")
     table.add_column("", no_wrap=True)
-    for row in view.breakdown_rows(summary, steps):
+    for row in view.breakdown_rows(summary, steps, per_core):
         spread = "–"
         if row.min_share is not None and row.max_share is not None:
             spread = f"{row.min_share:.1%}-{row.max_share:.1%}"
         table.add_row(
-            row.label,
+            f"  └ {row.label}" if row.part_of else row.label,
             f"{row.share:6.1%}",
             _num(row.ms_per_step),
             spread,
@@ -161,40 +162,94 @@ def ops_table(ops: Any) -> Table | None:
         return None
     top = ops.sort_values("self_time_ms", ascending=False).head(TOP_OPS)
     table = Table(
-        title=f"Top {len(top)} ops by self time", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+        title=f"Top {len(top)} ops by self time (of ops: share of all ops' time; roof: achieved share of the"
+        " roofline the op is bound by)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
-    table.add_column("op", overflow="ellipsis", no_wrap=True, max_width=44)
-    table.add_column("category", overflow="ellipsis", no_wrap=True, max_width=20)
-    table.add_column("self ms", justify="right")
-    table.add_column("share", justify="right")
-    table.add_column("FLOP util", justify="right")
+    # the op's name is in its category's color (the palette), so no category column is needed
+    table.add_column("op", overflow="ellipsis", no_wrap=True, min_width=12, max_width=21)
+    table.add_column("framework op · source", overflow="ellipsis", no_wrap=True, min_width=12, max_width=26)
+    for name in ("self ms", "of ops", "FLOP/B"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+    table.add_column("bound", no_wrap=True, min_width=6)
+    table.add_column("roof", justify="right", no_wrap=True, min_width=4)
     for record in top.to_dict("records"):
         share = record.get("share")
-        util = record.get("flop_utilization")
+        achieved = record.get("achieved_fraction")
         table.add_row(
-            safe(record.get("name")),
-            safe(record.get("category") or ""),
-            _num(record.get("self_time_ms")),
-            "–" if share is None or share != share else f"{share:.1%}",
-            "–" if util is None or util != util else f"{util:.0%}",
+            Text(plain(record.get("name")), style=CATEGORY_COLORS.get(str(record.get("category")), "")),
+            safe(view.framework_text(record, short_source=True)),
+            view.format_ms(record.get("self_time_ms")),
+            "–" if not view.is_number(share) else f"{share:.1%}",
+            view.format_intensity(record.get("operational_intensity")),
+            str(record.get("bound_by") or "–"),
+            "–" if not view.is_number(achieved) else f"{achieved:.0%}",
         )
     return table
 
 
+def roofline_line(roofline: dict | None) -> Text | None:
+    """One line: the whole program on the roofline, and the roofs it was measured against."""
+    if not roofline:
+        return None
+    if not roofline.get("peak_tflops"):
+        return Text("Roofline: unknown (the trace states no peak FLOP/s or HBM bandwidth for its device)\n")
+    programs = roofline.get("programs") or []
+    total = next((p for p in programs if p.get("program") == "all programs"), None)
+    source = "trace" if roofline.get("source") == "trace" else "catalog §2"
+    roofs = (f"roofs per core: {roofline['peak_tflops']:,.1f} TFLOP/s, {roofline['peak_hbm_gbps']:,.0f} GB/s "
+             f"HBM, ridge {roofline['ridge_flops_per_byte']:,.1f} FLOPs/byte ({source})")
+    if total is None or not total.get("bound_by"):
+        return Text(f"Roofline: no op with FLOPs or bytes; {roofs}\n")
+    achieved = total.get("achieved_fraction")
+    share = f", {achieved:.0%} of that roof" if view.is_number(achieved) else ""
+    counts = roofline.get("ops_by_bound") or {}
+    ops = ", ".join(f"{n} {kind}-bound" for kind, n in sorted(counts.items()))
+    return Text(
+        f"Roofline: all programs {view.format_intensity(total.get('operational_intensity'))} FLOPs/byte, "
+        f"{total['bound_by']} bound{share}; ops: {ops or 'none'}; {roofs}\n"
+    )
+
+
+def reproduce_text(n_queries: int, database: str | None, show_sql: bool) -> str:
+    """Where a finding's SQL can be rerun: only ever a database that still exists."""
+    queries = f"{n_queries} SQL quer{'y' if n_queries == 1 else 'ies'}"
+    where = "below" if show_sql else "(--sql prints them)"
+    if database:
+        return f"{queries} {where}; rerun with `tpuanalyze sql --db {database} QUERY`"
+    return f"{queries} {where}; the database was temporary: add --db FILE to keep one to rerun them on"
+
+
 def findings_block(
-    findings: list[view.FindingView], title: str = "Findings, by estimated gain"
+    findings: list[view.FindingView],
+    title: str = "Findings, by estimated gain",
+    database: str | None = None,
+    show_sql: bool = False,
 ) -> Group | Text:
+    """Root causes numbered 1, 2, ...; a finding another one explains sits indented under it (1.1, ...)
+    with its gain counted under the cause."""
     if not findings:
         return Text("Findings: none (no catalog rule fired)", style="bold")
     parts: list[Any] = [Text(title, style="bold underline")]
-    for rank, finding in enumerate(findings, start=1):
-        head = Text(f"{rank}. ")
+    for finding in findings:
+        head = Text(f"{'└ ' if finding.depth else ''}{finding.label}. ")
         head.append(plain(finding.rule), style="bold")
         head.append(f"  [{finding.severity}]", style=SEVERITY_STYLE.get(finding.severity, "bold"))
+        if finding.caused_by:
+            head.append(f"  caused by {finding.caused_by}", style="magenta")
         head.append(f"  gain {finding.gain_text}", style="green")
-        parts.append(head)
+        if finding.depth:  # wrapped lines of an explained finding stay indented under its cause
+            line = Table.grid()
+            line.add_column(width=4 * finding.depth)
+            line.add_column(ratio=1, overflow="fold")
+            line.add_row("", head)
+            parts.append(line)
+        else:
+            parts.append(head)
         grid = Table.grid(padding=(0, 1))
-        grid.add_column(width=3)
+        grid.add_column(width=3 + 4 * finding.depth)
         grid.add_column(style="dim", width=15)
         grid.add_column(ratio=1, overflow="fold")
         grid.add_row("", "evidence", safe(finding.evidence_text or "–"))
@@ -204,21 +259,19 @@ def findings_block(
         if finding.catalog:
             grid.add_row("", "catalog", safe(finding.catalog))
         if finding.sql:
-            grid.add_row(
-                "",
-                "reproduce",
-                f"{len(finding.sql)} SQL quer{'y' if len(finding.sql) == 1 else 'ies'}"
-                " in the HTML report (run with `tpuanalyze sql --db FILE`)",
-            )
+            grid.add_row("", "reproduce", reproduce_text(len(finding.sql), database, show_sql))
         parts.append(grid)
+        if finding.sql and show_sql:
+            for query in finding.sql:
+                parts.append(Padding(Text(query.strip(), style="cyan"), (0, 0, 0, 4)))
     return Group(*parts)
 
 
-def render_run(console: Console, analysis: Any) -> None:
+def render_run(console: Console, analysis: Any, database: str | None = None, show_sql: bool = False) -> None:
     summary = analysis.summary
     steps = getattr(analysis, "steps", None)
     console.print(header(summary))
-    console.print(breakdown_table(summary, steps))
+    console.print(breakdown_table(summary, steps, getattr(analysis, "per_core", None)))
     programs = programs_table(summary)
     if programs is not None:
         console.print(programs)
@@ -237,10 +290,20 @@ def render_run(console: Console, analysis: Any) -> None:
     ops = ops_table(getattr(analysis, "ops", None))
     if ops is not None:
         console.print(ops)
-    console.print(findings_block(view.ranked_findings(view.run_findings(analysis))))
+    roofline = roofline_line(summary.get("roofline"))
+    if roofline is not None:
+        console.print(roofline)
+    findings = view.ranked_findings(view.run_findings(analysis))
+    console.print(findings_block(findings, database=database, show_sql=show_sql))
 
 
-def render_runs(analyses: Sequence[Any], console: Console | None = None, series: Sequence[Any] = ()) -> None:
+def render_runs(
+    analyses: Sequence[Any],
+    console: Console | None = None,
+    series: Sequence[Any] = (),
+    database: str | None = None,
+    show_sql: bool = False,
+) -> None:
     """Print every run's summary; several runs get a one-line-per-run overview first, and a scaling
     series (``ScalingAnalysis`` objects) its cross-run findings (scaling-limit, catalog §3.13)."""
     console = console or make_console()
@@ -248,18 +311,20 @@ def render_runs(analyses: Sequence[Any], console: Console | None = None, series:
         console.print(overview_table(analyses))
     scaling = view.ranked_findings(view.series_findings(series))
     if scaling:
-        console.print(findings_block(scaling, "Scaling across runs: findings, by estimated gain"))
+        console.print(
+            findings_block(scaling, "Scaling across runs: findings, by estimated gain", database, show_sql)
+        )
         console.print()
     for position, analysis in enumerate(analyses):
         if position:
             console.rule()
-        render_run(console, analysis)
+        render_run(console, analysis, database, show_sql)
 
 
 def overview_table(analyses: Sequence[Any]) -> Table:
     """One line per run; long run names are cut here (each run's own header below has it in full)."""
     table = Table(
-        title=f"{len(analyses)} runs",
+        title=f"{len(analyses)} runs (compute, coll., input: shares of the devices' wall time)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -287,19 +352,31 @@ def overview_table(analyses: Sequence[Any]) -> Table:
     return table
 
 
-def render_text(analyses: Sequence[Any], width: int = WIDTH, series: Sequence[Any] = ()) -> str:
+def render_text(
+    analyses: Sequence[Any],
+    width: int = WIDTH,
+    series: Sequence[Any] = (),
+    database: str | None = None,
+    show_sql: bool = False,
+) -> str:
     """The summary as plain text (no escape codes, no trailing blanks), for pipes, files and tests."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, highlight=False, no_color=True, force_terminal=False)
-    render_runs(analyses, console, series)
+    render_runs(analyses, console, series, database, show_sql)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
-def print_summary(analyses: Sequence[Any], file: IO[str] | None = None, series: Sequence[Any] = ()) -> None:
+def print_summary(
+    analyses: Sequence[Any],
+    file: IO[str] | None = None,
+    series: Sequence[Any] = (),
+    database: str | None = None,
+    show_sql: bool = False,
+) -> None:
     """Colors and the terminal's width (up to 100) on a terminal; plain 100-column text otherwise."""
     stream = file or sys.stdout
     if getattr(stream, "isatty", None) and stream.isatty():
-        render_runs(analyses, make_console(stream), series)
+        render_runs(analyses, make_console(stream), series, database, show_sql)
     else:
-        stream.write(render_text(analyses, series=series))
+        stream.write(render_text(analyses, series=series, database=database, show_sql=show_sql))
         stream.flush()

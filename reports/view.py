@@ -1,9 +1,10 @@
 """What both renderers (terminal and HTML) show of a RunAnalysis, computed once.
 
-The analyzer's summary follows the JSON contract; findings may carry evidence as text, as a dict
-(numbers plus ``sql``) or as a list, and the estimated gain as a fraction, a dict or a label. This
-module turns them into one shape, ranks findings by estimated gain and formats numbers, so the
-terminal summary and the HTML report never disagree.
+The analyzer's summary follows the JSON contract (docs/json.md); a finding has one documented shape
+(docs/findings.md): evidence {summary, metrics, sql}, estimated_gain {ms, fraction, own_ms, own_fraction,
+category, label, model}, catalog (section text), optional caused_by. This module turns findings into
+views, orders them as a tree (root causes by estimated gain, each followed by what it explains) and
+formats numbers, so the terminal summary and the HTML report never disagree.
 """
 
 from __future__ import annotations
@@ -17,42 +18,79 @@ import pandas as pd
 from tpuanalyze.reports.charts import CATEGORIES, CATEGORY_LABELS
 
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
-# Keys of an evidence dict that hold reproducing SQL rather than a measured number.
-SQL_KEYS = ("sql", "query", "queries")
-# Keys that hold a sentence rather than one number.
-TEXT_KEYS = ("text", "summary", "message", "description")
 
 
 @dataclass
 class FindingView:
     rule: str
     severity: str
-    gain_fraction: float | None  # estimated step-time saving as a fraction of step time, if known
+    gain_fraction: float | None  # estimated saving as a fraction of wall time, if known
     gain_ms: float | None
     gain_text: str
     evidence_text: str
-    gain_model: str = ""  # how the estimate was made (the catalog cost model), when given
+    gain_model: str = ""  # how the estimate was made (the catalog cost model)
     evidence_items: list[tuple[str, str]] = field(default_factory=list)
     sql: list[str] = field(default_factory=list)
     recommendation: str = ""
     catalog: str = ""
+    caused_by: str = ""  # rule id of the finding that explains this one ("" for a root cause)
+    depth: int = 0  # 0 for a root cause, 1 under its cause, ...
+    label: str = ""  # tree position: "1", "1.1", ...
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool, None or NaN)."""
+    return _is_number(value)
+
+
+def framework_text(op: dict, short_source: bool = False) -> str:
+    """The framework op (tf_op / JAX path) and source line of an op row, where the trace has them;
+    ``short_source`` keeps the file name and line only (narrow terminals)."""
+    parts = []
+    for key in ("tf_op", "source"):
+        value = op.get(key)
+        if isinstance(value, str) and value:
+            parts.append(value.rsplit("/", 1)[-1] if key == "source" and short_source else value)
+    return " · ".join(parts) or "–"
+
+
+def format_intensity(value: Any) -> str:
+    """FLOPs per byte: '0.125', '60.0', '1,234'; no bytes at all -> '∞'; unknown -> '–'."""
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    if not _is_number(value):
+        return "–"
+    value = float(value)
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}" if value < 10 else f"{value:.1f}"
+
+
 def format_value(value: Any) -> str:
-    """Numbers compact and readable (3 significant digits, thousands separators), the rest as text."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
+    """Numbers compact and readable (3 significant digits, thousands separators), the rest as text.
+
+    Never Python's spelling inside a sentence: None is '–' (not measured), a bool is 'yes' / 'no'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+        if value != 0 and abs(value) < 1e-3:  # 0.0000907, not 9.07e-05
+            if abs(value) < 1e-9:
+                return "≈0"
+            return f"{value:.{2 - math.floor(math.log10(abs(value)))}f}"
+        if abs(value) >= 1e12:
             return f"{value:.3g}"
+        if abs(value) >= 1e6:
+            return f"{value:,.0f}"
         if abs(value) >= 100:
             return f"{value:,.1f}"
         return f"{value:.3g}"
@@ -80,72 +118,24 @@ def format_metric(name: str, value: Any) -> str:
     return format_value(value)
 
 
-def _gain(raw: Any) -> tuple[float | None, float | None, str]:
-    """(fraction, ms, label) from a gain given as a number, a dict or text."""
-    if raw is None:
-        return None, None, "no estimate"
-    if _is_number(raw):
-        fraction = float(raw)
-        return fraction, None, f"~{fraction:.1%} of step time (estimate)"
-    if isinstance(raw, dict):
-        fraction = next(
-            (
-                float(raw[k])
-                for k in ("fraction", "step_fraction", "share", "step_time_fraction")
-                if _is_number(raw.get(k))
-            ),
-            None,
-        )
-        ms = next(
-            (float(raw[k]) for k in ("ms_per_step", "ms", "step_ms", "saving_ms") if _is_number(raw.get(k))),
-            None,
-        )
-        label = next((str(raw[k]) for k in ("label", "text", "description") if raw.get(k)), "")
-        parts = []
-        if fraction is not None:
-            parts.append(f"~{fraction:.1%} of step time")
-        if ms is not None:
-            parts.append(f"~{ms:.3g} ms/step")
-        text = " · ".join(parts)
-        if label and label not in text:
-            text = f"{text} ({label})" if text else label
-        elif text:
-            text += " (estimate)"
-        return fraction, ms, text or format_value(raw)
-    return None, None, str(raw)
-
-
-def _evidence(raw: Any) -> tuple[str, list[tuple[str, str]], list[str]]:
-    """(sentence, [(name, value)], [sql]) from evidence given as text, a dict or a list."""
-    if raw is None:
-        return "", [], []
-    if isinstance(raw, str):
-        return raw, [], []
-    if isinstance(raw, (list, tuple)):
-        texts, items, sqls = [], [], []
-        for part in raw:
-            t, i, s = _evidence(part)
-            if t:
-                texts.append(t)
-            items += i
-            sqls += s
-        return "; ".join(texts), items, sqls
-    if isinstance(raw, dict):
-        text = "; ".join(str(raw[k]) for k in TEXT_KEYS if raw.get(k))
-        sqls: list[str] = []
-        items: list[tuple[str, str]] = []
-        for key, value in raw.items():
-            if key in TEXT_KEYS:
-                continue
-            if key in SQL_KEYS or key.endswith("_sql"):
-                values = value if isinstance(value, (list, tuple)) else [value]
-                sqls += [str(v).strip() for v in values if v]
-            elif isinstance(value, dict):  # e.g. {"metrics": {name: number}}: one item per number
-                items += [(k.replace("_", " "), format_metric(k, v)) for k, v in value.items()]
-            else:
-                items.append((key.replace("_", " "), format_metric(key, value)))
-        return text, items, sqls
-    return str(raw), [], []
+def _gain_text(gain: dict, caused_by: str) -> str:
+    """'~12.3% of wall time · ~4.56 ms/step (estimate)'; a caused finding says where it is counted."""
+    if caused_by:
+        own = gain.get("own_fraction")
+        own_text = f"own estimate ~{own:.1%} of wall time, " if _is_number(own) else ""
+        return f"{own_text}counted under {caused_by}"
+    parts = []
+    if _is_number(gain.get("fraction")):
+        parts.append(f"~{gain['fraction']:.1%} of wall time")
+    if _is_number(gain.get("ms")):
+        parts.append(f"~{gain['ms']:.3g} ms/step")
+    text = " · ".join(parts) or "no estimate"
+    own = gain.get("own_fraction")
+    if _is_number(own) and _is_number(gain.get("fraction")) and own - gain["fraction"] > 5e-4:
+        text += f" (combined; own estimate ~{own:.1%})"
+    else:
+        text += f" ({gain.get('label') or 'estimate'})"
+    return text
 
 
 # Section titles of catalog.md §3 (the optimization catalog), for findings that cite a bare number.
@@ -173,46 +163,62 @@ def catalog_title(section: str) -> str:
 
 
 def finding_view(finding: dict) -> FindingView:
-    raw_gain = finding.get("estimated_gain")
-    fraction, ms, gain_text = _gain(raw_gain)
-    gain_model = str(raw_gain.get("model") or "") if isinstance(raw_gain, dict) else ""
-    text, items, sqls = _evidence(finding.get("evidence"))
-    if finding.get("sql"):
-        extra = finding["sql"]
-        sqls += [str(s) for s in (extra if isinstance(extra, (list, tuple)) else [extra])]
-    catalog = finding.get("catalog") or ""
-    if isinstance(catalog, dict):
-        catalog = " ".join(str(v) for v in catalog.values())
-    catalog = str(catalog)
-    if catalog[:1].isdigit():  # a bare section number "3.8" -> "catalog §3.8 <title>"
-        catalog = catalog_title(catalog)
+    """The view of one finding in the documented shape (docs/findings.md)."""
+    gain = finding.get("estimated_gain") or {}
+    evidence = finding.get("evidence") or {}
+    caused_by = str(finding.get("caused_by") or "")
+    metrics = evidence.get("metrics") or {}
+    catalog = str(finding.get("catalog") or "")
     return FindingView(
-        rule=str(finding.get("rule", "?")),
-        severity=str(finding.get("severity", "low")).lower(),
-        gain_fraction=fraction,
-        gain_ms=ms,
-        gain_text=gain_text,
-        gain_model=gain_model,
-        evidence_text=text,
-        evidence_items=items,
-        sql=sqls,
+        rule=str(finding["rule"]),
+        severity=str(finding["severity"]),
+        gain_fraction=float(gain["fraction"]) if _is_number(gain.get("fraction")) else None,
+        gain_ms=float(gain["ms"]) if _is_number(gain.get("ms")) else None,
+        gain_text=_gain_text(gain, caused_by),
+        gain_model=str(gain.get("model") or ""),
+        evidence_text=str(evidence.get("summary") or ""),
+        # an unmeasured number (None / NaN) is left out rather than shown as a dash in a sentence
+        evidence_items=[(k.replace("_", " "), format_metric(k, v)) for k, v in metrics.items()
+                        if not (v is None or (isinstance(v, float) and math.isnan(v)))],
+        sql=[str(evidence["sql"]).strip()] if evidence.get("sql") else [],
         recommendation=str(finding.get("recommendation") or ""),
-        catalog=str(catalog),
+        catalog=catalog_title(catalog) if catalog[:1].isdigit() else catalog,
+        caused_by=caused_by,
     )
+
+
+def _gain_key(v: FindingView) -> tuple:
+    return (-(v.gain_fraction if v.gain_fraction is not None else -1.0),
+            -(v.gain_ms if v.gain_ms is not None else -1.0), SEVERITY_RANK.get(v.severity, 3), v.rule)
 
 
 def ranked_findings(findings: list[dict] | None) -> list[FindingView]:
-    """Findings by estimated gain (largest first), then severity: what to fix first comes first."""
+    """Root causes by estimated gain (largest first), each followed by the findings it explains
+    (caused_by), depth first: what to fix first comes first, its symptoms under it."""
     views = [finding_view(f) for f in findings or []]
-    return sorted(
-        views,
-        key=lambda v: (
-            -(v.gain_fraction if v.gain_fraction is not None else -1.0),
-            -(v.gain_ms if v.gain_ms is not None else -1.0),
-            SEVERITY_RANK.get(v.severity, 3),
-            v.rule,
-        ),
-    )
+    rules = {v.rule for v in views}
+    children: dict[str, list[FindingView]] = {}
+    roots = []
+    for v in views:
+        if v.caused_by and v.caused_by in rules and v.caused_by != v.rule:
+            children.setdefault(v.caused_by, []).append(v)
+        else:
+            roots.append(v)
+    ordered: list[FindingView] = []
+    seen: set[int] = set()
+
+    def visit(v: FindingView, depth: int, label: str) -> None:
+        if id(v) in seen:
+            return
+        seen.add(id(v))
+        v.depth, v.label = depth, label
+        ordered.append(v)
+        for i, child in enumerate(sorted(children.get(v.rule, []), key=_gain_key), start=1):
+            visit(child, depth + 1, f"{label}.{i}")
+
+    for i, root in enumerate(sorted(roots, key=_gain_key), start=1):
+        visit(root, 0, str(i))
+    return ordered
 
 
 def series_findings(items: Sequence[Any]) -> list[dict]:
@@ -223,13 +229,8 @@ def series_findings(items: Sequence[Any]) -> list[dict]:
 
 
 def run_findings(analysis: Any) -> list[dict]:
-    """The run's findings: the summary's list is the contract; the attribute is a convenience copy."""
-    findings = analysis.summary.get("findings")
-    if findings is None:
-        findings = getattr(analysis, "findings", None)
-        if isinstance(findings, pd.DataFrame):
-            findings = findings.to_dict("records")
-    return list(findings or [])
+    """The run's findings: the summary's list (the JSON contract)."""
+    return list(analysis.summary.get("findings") or [])
 
 
 @dataclass
@@ -241,13 +242,19 @@ class BreakdownRow:
     min_share: float | None = None  # across cores (summary["across_cores"], when the analyzer gives it)
     max_share: float | None = None
     worst: str = ""  # the core (host : ordinal) that is worst for this category
+    part_of: str = ""  # a split of another row's share (idle within / between steps), shown indented
 
 
-def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[BreakdownRow]:
+def breakdown_rows(
+    summary: dict, steps: pd.DataFrame | None = None, per_core: pd.DataFrame | None = None
+) -> list[BreakdownRow]:
     """One row per category in contract order: share of wall time (the summary) and ms per train step.
 
     Shares are of the devices' wall time (eval and the idle gaps between steps included), so the
     milliseconds come from the per-step rows (mean over train steps and cores), not share x step time.
+    With ``per_core`` (wall time per core) idle is also split into idle within steps and idle between
+    steps (host overhead, catalog §3.7), two rows under it: the between-step gap is most of idle when
+    the host launches each step, and the in-step ms/step alone would hide it.
     """
     breakdown = summary.get("breakdown") or {}
     across = summary.get("across_cores") or {}
@@ -277,7 +284,37 @@ def breakdown_rows(summary: dict, steps: pd.DataFrame | None = None) -> list[Bre
         if isinstance(core, dict) and core.get("host") is not None and row.max_share != row.min_share:
             row.worst = f"{core.get('host')} : {core.get('device_ordinal')}"
         rows.append(row)
+        if category == "idle":
+            rows += _idle_split(row, steps, per_core)
     return rows
+
+
+def _idle_split(idle: BreakdownRow, steps: pd.DataFrame | None,
+                per_core: pd.DataFrame | None) -> list[BreakdownRow]:
+    """Idle within train steps and idle between steps, as shares of wall time and ms per train step."""
+    if steps is None or steps.empty or per_core is None or per_core.empty or "wall_ms" not in per_core:
+        return []
+    if "idle_ps" not in steps.columns or not idle.share:
+        return []
+    train = steps[~steps["is_eval"].fillna(False).astype(bool)] if "is_eval" in steps.columns else steps
+    if train.empty:
+        return []
+    per = train.groupby(["host", "device_ordinal"], as_index=False).agg(
+        in_step_ms=("idle_ps", lambda s: float(s.fillna(0).sum()) / 1e9), n=("idle_ps", "size"))
+    data = per_core[["host", "device_ordinal", "wall_ms", "idle"]].merge(per, on=["host", "device_ordinal"])
+    data = data[data["wall_ms"] > 0]
+    if data.empty:
+        return []
+    in_share = float((data["in_step_ms"] / data["wall_ms"]).mean())
+    between_ms = (data["idle"].fillna(0) * data["wall_ms"] - data["in_step_ms"]).clip(lower=0)
+    between_share = max(0.0, idle.share - in_share)
+    idle.ms_per_step = float(((data["in_step_ms"] + between_ms) / data["n"]).mean())
+    return [
+        BreakdownRow("idle", "within steps", in_share, float((data["in_step_ms"] / data["n"]).mean()),
+                     part_of="idle"),
+        BreakdownRow("idle", "between steps", between_share,
+                     float((between_ms / data["n"]).mean()), part_of="idle"),
+    ]
 
 
 def _warmup_kept(summary: dict) -> bool:

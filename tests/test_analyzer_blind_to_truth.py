@@ -1,4 +1,5 @@
-"""The analysis reads traces only (issue 4, rule 8): the same numbers with ground_truth.json removed."""
+"""The analysis reads traces only (the analyzer never reads what only the generator writes): the same
+numbers with ground_truth.json removed."""
 
 from __future__ import annotations
 

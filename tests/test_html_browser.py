@@ -61,6 +61,10 @@ def test_generated_pod_report_renders_offline_with_findings(tmp_path: Path) -> N
     page = browser.render(out)
     _check_rendered(page, document)
     assert page.status["warnings"] == [], page.status["warnings"]  # Vega-Lite has nothing to complain about
+    # The roofline (a TPU v3 trace states its peaks) is one of the charts that rendered, with its roof.
+    roofline = page.chart_containers().get("run0-roofline")
+    assert roofline is not None and "<svg" in roofline, "roofline chart missing or not rendered"
+    assert "operational intensity" in roofline and "ridge point" in document
     # Findings: each card present after rendering, with evidence, recommendation and gain.
     from tpuanalyze.analyzer.api import analyze_db
 

@@ -1,7 +1,7 @@
 """`tpuanalyze report` end to end on real files: generated XSpace pods and real JAX CPU captures.
 
 Also home of the builders the other report tests share (``generated_run``, ``ingested``): traces are
-generated and ingested once per session (cached), into real DuckDB files under a session temp dir.
+generated and ingested once per test run (cached), into real DuckDB files under a temporary folder.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator
 
-_SESSION_DIR = Path(tempfile.mkdtemp(prefix="tpuanalyze-report-tests-"))
-atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
+_RUN_DIR = Path(tempfile.mkdtemp(prefix="tpuanalyze-report-tests-"))
+atexit.register(shutil.rmtree, _RUN_DIR, ignore_errors=True)
 
 JAX_CPU = PROJECT_ROOT / "sample_traces" / "jax_cpu"
 
@@ -36,7 +36,7 @@ def cli(
         [sys.executable, "-m", "tpuanalyze.cli", *args],
         capture_output=True,
         text=True,
-        cwd=cwd or _SESSION_DIR,
+        cwd=cwd or _RUN_DIR,
         timeout=timeout,
         check=False,
         env={**os.environ, **(env or {})},
@@ -52,8 +52,8 @@ def generated_run(
     steps: int = 4,
     seed: int = 0,
 ) -> Path:
-    """A generated TPU-v3 run folder (real XSpace files), made once per session."""
-    out = _SESSION_DIR / f"gen-{model}-{chips}-{hosts}-{scenario}-{steps}-{seed}"
+    """A generated TPU-v3 run folder (real XSpace files), made once per test run."""
+    out = _RUN_DIR / f"gen-{model}-{chips}-{hosts}-{scenario}-{steps}-{seed}"
     return Path(
         generator.generate(
             model=model, chips=chips, steps=steps, hosts=hosts, scenario=scenario, seed=seed, out=out
@@ -63,8 +63,8 @@ def generated_run(
 
 @cache
 def ingested(*paths: Path) -> tuple[Path, tuple[int, ...]]:
-    """A DuckDB file holding the given traces (real ingest), made once per session."""
-    db = _SESSION_DIR / f"db-{abs(hash(paths))}.duckdb"
+    """A DuckDB file holding the given traces (real ingest), made once per test run."""
+    db = _RUN_DIR / f"db-{abs(hash(paths))}.duckdb"
     summary = ingest_paths(list(paths), db)
     return db, tuple(summary.run_ids)
 

@@ -133,7 +133,7 @@ def test_scaling_charts_for_the_html_report(series):
         spec = chart.to_dict()
         assert spec["$schema"] and "estimate" in caption
         views = _layers(spec)
-        for view in views:  # issue 5/6: tooltips on every mark, the shaded projection range included
+        for view in views:  # tooltips on every mark, the shaded projection range included
             assert "tooltip" in view["encoding"], (title, view["mark"])
         marks = [v["mark"]["type"] if isinstance(v["mark"], dict) else v["mark"] for v in views]
         if title.endswith("time vs chips"):
@@ -150,8 +150,8 @@ def test_scaling_charts_for_the_html_report(series):
     kinds = {row["kind"] for row in share["datasets"][share["data"]["name"]]}
     assert kinds == {"measured", "estimate"}
     page = scaling_html([analysis])
-    assert page.count("vegaEmbed(") == 4 and "connect-src 'none'" in page
-    assert "id='render-status' hidden" in page
+    assert page.count('<div class="chart" id="scaling-') == 4 and "connect-src 'none'" in page
+    assert '<pre id="render-status" hidden>' in page and "vegaEmbed(" in page
 
 
 def test_the_limit_of_a_trace_series(series):

@@ -1,0 +1,208 @@
+"""Advice by platform and workload, on the real captures in ../shared/traces: GPU and CPU traces never
+get TPU wording, an inference capture never gets training advice, and the platform and workload come
+from the trace itself (device planes, optimizer/gradient/backward events), not from generator metadata.
+Plus the thresholds file contract (unknown keys are errors) and the cross-run section of the JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import run_cli
+from test_report_pipeline import generated_run, ingested
+from tpuanalyze.analyzer.api import analyze_db, analyze_run, install_views, report_json
+from tpuanalyze.analyzer.config import load_thresholds
+from tpuanalyze.analyzer.findings import ADVICE
+from tpuanalyze.analyzer.platform import advice_platform
+from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.errors import TpuAnalyzeError
+
+TPU_WORDING = re.compile(
+    r"iterations_per_loop|\bICI\b|torus|infeed|outfeed|\bTPU|space-to-depth|MXU|TensorCore", re.IGNORECASE)
+TRAINING_WORDING = re.compile(r"optimizer|gradient|backward|training loop|train step|iterations_per_loop|"
+                              r"weight update|while-loop with per-step", re.IGNORECASE)
+TRAINING_ONLY = {rule for rule, advice in ADVICE.items() if advice.modes == ("training",)}
+
+
+def _gpu_and_cpu_traces(shared: Path) -> list[Path]:
+    real = shared / "real"
+    paths = sorted(real.glob("gpu_*.xplane.pb")) + sorted(p for p in real.glob("gpu_*") if p.is_dir())
+    paths += sorted((shared / "chrome_json").glob("kineto_*.json.gz"))
+    paths += sorted(p for p in (shared / "jax_cpu").iterdir() if p.is_dir())
+    return paths
+
+
+@pytest.fixture(scope="module")
+def shared_analyses(shared_traces: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Source path -> RunAnalysis for the GPU/CPU captures and the v6e inference capture."""
+    v6e = shared_traces / "real" / "tpu_v6e_4chip_jax_inference.xplane.pb"
+    paths = _gpu_and_cpu_traces(shared_traces) + [v6e]
+    db = tmp_path_factory.mktemp("platform") / "p.duckdb"
+    ingest_paths(paths, db)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows = con.execute("SELECT run_id, source_path FROM runs ORDER BY run_id").fetchall()
+        analyses = {source: analyze_run(con, run_id) for run_id, source in rows}
+    finally:
+        con.close()
+    analyses["db"] = db
+    return analyses
+
+
+def _runs(analyses: dict) -> dict:
+    return {source: a for source, a in analyses.items() if source != "db"}
+
+
+def _pick(analyses: dict, fragment: str) -> list:
+    found = [a for source, a in _runs(analyses).items() if fragment in source]
+    assert found, fragment
+    return found
+
+
+def test_gpu_and_cpu_traces_get_no_tpu_wording(shared_analyses: dict) -> None:
+    checked = 0
+    for source, a in _runs(shared_analyses).items():
+        family = advice_platform(a.summary["identity"])["family"]
+        if "tpu_v6e" in source:
+            continue
+        expected = "CPU" if "jax_cpu" in source else "GPU"
+        assert family == expected, (source, advice_platform(a.summary["identity"]))
+        for f in a.findings:
+            assert not TPU_WORDING.search(f["recommendation"]), (source, f["rule"], f["recommendation"])
+            checked += 1
+    assert checked >= 8  # the rules do fire on these traces (host overhead, input, collectives)
+
+
+def test_gpu_advice_names_the_gpu_techniques(shared_analyses: dict) -> None:
+    (v100,) = _pick(shared_analyses, "gpu_v100x8_tf_multiworker")
+    assert advice_platform(v100.summary["identity"])["vendor"] == "NVIDIA"
+    host = {f["rule"]: f for f in v100.findings}["host-overhead"]
+    assert "CUDA graphs" in host["recommendation"]
+    (nccl,) = _pick(shared_analyses, "kineto_nccl_rank0")
+    coll = {f["rule"]: f for f in nccl.findings}["collective-bound"]
+    assert "NCCL" in coll["recommendation"] and "torus" not in coll["recommendation"]
+    amd = _pick(shared_analyses, "gpu_mi300x_jax08_gemm")[0]
+    assert advice_platform(amd.summary["identity"])["vendor"] == "AMD"
+
+
+def test_cpu_advice_speaks_of_host_threads(shared_analyses: dict) -> None:
+    for a in _pick(shared_analyses, "jax_cpu"):
+        platform = advice_platform(a.summary["identity"])
+        assert platform["mode"] == "training", platform  # StepTraceAnnotation("train"), train_step
+        host = {f["rule"]: f for f in a.findings}.get("host-overhead")
+        if host:
+            assert "host thread" in host["recommendation"]
+
+
+def test_v6e_inference_gets_no_training_advice(shared_analyses: dict) -> None:
+    (a,) = _pick(shared_analyses, "tpu_v6e_4chip_jax_inference")
+    platform = advice_platform(a.summary["identity"])
+    assert (platform["family"], platform["generation"], platform["mode"]) == ("TPU", "v6e", "inference")
+    assert a.findings, "the capture idles between programs: host-overhead fires"
+    for f in a.findings:
+        assert f["rule"] not in TRAINING_ONLY, f["rule"]
+        assert not TRAINING_WORDING.search(f["recommendation"]), (f["rule"], f["recommendation"])
+    assert "data-formatting" not in {f["rule"] for f in a.findings}  # async copy waits are not layout copies
+    from tpuanalyze.reports.terminal import render_text
+
+    assert re.search(r"mode\s+inference \(no optimizer", render_text([a]))
+
+
+def test_generated_tpu_v3_training_is_recognised_from_its_ops() -> None:
+    db, run_ids = ingested(generated_run(scenario="weight-update-unsharded"))
+    (a,) = analyze_db(db, list(run_ids))
+    platform = advice_platform(a.summary["identity"])
+    assert (platform["family"], platform["generation"], platform["mode"]) == ("TPU", "v3", "training")
+    assert "optimizer/weight-update ops" in a.summary["identity"]["workload"]["mode_evidence"]
+    wu = {f["rule"]: f for f in a.findings}["weight-update-unsharded"]
+    assert "reduce-scatter" in wu["recommendation"]
+
+
+def test_unknown_thresholds_key_is_a_one_line_error(tmp_path: Path, shared_traces: Path) -> None:
+    bad = tmp_path / "mine.toml"
+    bad.write_text("[input_bound]\nmedium = 0.1\nhihg = 0.3\n")
+    trace = shared_traces / "jax_cpu" / "single_jit_train"
+    proc = run_cli("report", str(trace), "--thresholds", str(bad))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert str(bad) in lines[0] and "input_bound.hihg" in lines[0] and "Traceback" not in proc.stderr
+    bad.write_text("[no_such_rule]\nmedium = 0.1\n")
+    proc = run_cli("report", str(trace), "--thresholds", str(bad))
+    assert proc.returncode == 2 and "no_such_rule" in proc.stderr
+    with pytest.raises(TpuAnalyzeError, match="collective_bound.hgh"):
+        load_thresholds({"collective_bound": {"hgh": 0.5}})
+    assert load_thresholds({"collective_bound": {"high": 0.5}})["collective_bound"]["high"] == 0.5
+
+
+def test_every_threshold_is_used_by_the_analyzer() -> None:
+    """No dead keys: each key of thresholds.toml is read somewhere in the analyzer's code."""
+    import tpuanalyze.analyzer as analyzer_pkg
+
+    folder = Path(analyzer_pkg.__file__).parent
+    code = "\n".join(p.read_text() for p in folder.rglob("*.py"))
+    for section, values in load_thresholds().items():
+        for key in values:
+            assert f'["{key}"]' in code or f"['{key}']" in code, f"{section}.{key}"
+
+
+def test_json_over_several_runs_has_the_cross_run_findings(tmp_path: Path) -> None:
+    series = Path(__file__).resolve().parents[1] / "sample_traces" / "scaling"
+    assert series.is_dir(), "bundled sample_traces/scaling is missing"
+    out = tmp_path / "series.json"
+    proc = run_cli("report", str(series), "--json", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(out.read_text())
+    assert len(document["runs"]) == 3
+    cross = document["cross_run"]["findings"]
+    assert cross and {f["rule"] for f in cross} == {"scaling-limit"}
+    for f in cross:
+        assert set(f) >= {"rule", "severity", "evidence", "recommendation", "catalog", "estimated_gain"}
+    proc = run_cli("report", str(series), "--no-progress")  # the terminal shows the same findings
+    assert proc.stdout.count("scaling-limit") >= len(cross)
+
+
+def test_evidence_sql_returns_every_metric_on_real_captures(shared_analyses: dict) -> None:
+    """Each finding's metrics are its SQL's row, column for column, in `tpuanalyze sql`'s views."""
+    con = duckdb.connect(str(shared_analyses["db"]))
+    try:
+        install_views(con)
+        checked = 0
+        for source, a in _runs(shared_analyses).items():
+            for f in a.findings:
+                cur = con.execute(f["evidence"]["sql"])
+                row = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
+                assert set(row) == set(f["evidence"]["metrics"]), (source, f["rule"])
+                for key, value in f["evidence"]["metrics"].items():
+                    if isinstance(value, float):
+                        assert float(row[key]) == pytest.approx(value, rel=1e-5, abs=1e-6), (source, key)
+                    else:
+                        assert row[key] == value, (source, f["rule"], key)
+                checked += 1
+        assert checked >= 8
+    finally:
+        con.close()
+
+
+def test_json_cross_run_section_is_present_but_empty_without_a_series(shared_analyses: dict) -> None:
+    runs = list(_runs(shared_analyses).values())[:2]
+    document = json.loads(json.dumps(report_json(runs)))
+    assert document["cross_run"] == {"findings": []}
+    assert "cross_run" not in report_json(runs[:1])  # one run: the JSON is its summary only
+
+
+def test_real_captures_gains_stay_within_the_time_outside_compute(shared_analyses: dict) -> None:
+    """E.g. the JAX CPU capture with eval: its findings once claimed 110% of the step."""
+    for source, a in _runs(shared_analyses).items():
+        cores = a.per_core[a.per_core["steps"] > 0]  # the step cycle: wall time per train step
+        if cores.empty:
+            continue
+        outside = 1.0 - float((cores["compute"] * cores["wall_ms"]).sum()) / float(cores["wall_ms"].sum())
+        total = sum(f["estimated_gain"]["fraction"] or 0.0 for f in a.findings if "caused_by" not in f)
+        assert total <= outside + 1e-3, (source, total, outside)
+    (train_eval,) = _pick(shared_analyses, "pmap8_train_eval")
+    assert len(train_eval.findings) >= 3
