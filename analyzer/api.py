@@ -37,6 +37,7 @@ from tpuanalyze.analyzer.steps import (
     step_times_ms,
     steps_frame,
 )
+from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
 
@@ -283,7 +284,7 @@ def analyze_db(db_path: str | Path, run_ids: Iterable[int] | None = None,
     path = Path(db_path)
     if not path.exists():
         raise TpuAnalyzeError("no such database", str(path))
-    con = duckdb.connect(str(path), read_only=True)
+    con = open_database(path, read_only=True)
     try:
         if run_ids is None:
             run_ids = [r[0] for r in con.execute(

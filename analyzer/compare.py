@@ -12,6 +12,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 from tpuanalyze.analyzer.identity import differences, platform_key
+from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
 
@@ -109,7 +110,7 @@ class RunLoader:
             if not db.exists():
                 raise TpuAnalyzeError("no such database", str(db))
             try:
-                self._connections[key] = duckdb.connect(key, read_only=True)
+                self._connections[key] = open_database(key, read_only=True)
             except duckdb.Error as exc:
                 raise TpuAnalyzeError(f"not a tpuanalyze database ({exc})", str(db)) from exc
         return self._connections[key]

@@ -10,9 +10,9 @@ viewer displays them) and are stored as integer picoseconds relative to the file
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
+import os
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -23,6 +23,9 @@ import numpy as np
 from tpuanalyze.parsers.discover import host_name
 from tpuanalyze.parsers.staging import (
     CHUNK_EVENTS,
+    MAX_LINES,
+    MAX_PLANES,
+    MAX_SPAN_NS,
     STAT_DOUBLE,
     STAT_INT,
     STAT_JSON,
@@ -40,7 +43,7 @@ from tpuanalyze.parsers.staging import (
     text_column,
     typed_value,
 )
-from tpuanalyze.parsers.trace_file import read_trace_file
+from tpuanalyze.parsers.trace_file import open_trace_file
 
 from tpuanalyze.errors import TraceFormatError
 
@@ -56,18 +59,131 @@ except ImportError:  # pragma: no cover - depends on the environment
 INT64_MIN, INT64_MAX, UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 
 
-def _read_bytes(path: Path) -> bytes:
-    raw = read_trace_file(path, "a Chrome trace file")
-    if raw[:2] == b"\x1f\x8b":
+# Resource bounds (docs/input.md): the JSON is held whole in memory and parsed into Python objects
+# (~1.2 KB per event with one arg: 1M events peak at 1.3 GB), so a file is refused past these,
+# checked while it is read and inflated (never inflated whole first). Environment variables raise them.
+MAX_JSON_BYTES = 1 << 30
+MAX_JSON_EVENTS = 1_000_000
+# Real trace JSON inflates 5-20x (generated, very regular traces a few hundred times); gzip's
+# ceiling is ~1030x. Past 64 MiB of text, more than 500x is a decompression bomb.
+MAX_GZIP_RATIO = 500
+BOMB_CHECK_BYTES = 64 << 20
+_READ_CHUNK = 1 << 20
+_PHASE_KEY = b'"ph"'
+
+
+def _limit(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def json_limits() -> tuple[int, int]:
+    """(bytes, events) a Chrome-trace file may hold: TPUANALYZE_MAX_JSON_BYTES / _EVENTS or defaults."""
+    return (
+        _limit("TPUANALYZE_MAX_JSON_BYTES", MAX_JSON_BYTES),
+        _limit("TPUANALYZE_MAX_JSON_EVENTS", MAX_JSON_EVENTS),
+    )
+
+
+class _Bounded:
+    """Collects the (inflated) JSON text chunk by chunk, refusing it once it passes the limits.
+
+    Events are counted as ``"ph"`` keys in the text (an upper bound of the events, counted at C
+    speed), so an oversized file is refused before orjson turns it into millions of objects."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.max_bytes, self.max_events = json_limits()
+        self.data = bytearray()  # grown in place: no second copy when it is done
+        self.size = self.events = 0
+        self.compressed = 0  # gzip bytes read so far (0 for plain JSON)
+        self.tail = b""
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.compressed and self.size > BOMB_CHECK_BYTES and self.size > MAX_GZIP_RATIO * self.compressed:
+            raise TraceFormatError(
+                f"gzip data inflates more than {MAX_GZIP_RATIO}x ({self.compressed:,} bytes to "
+                f"{self.size:,} so far): refused as a decompression bomb",
+                str(self.path),
+            )
+        if self.size > self.max_bytes:
+            raise TraceFormatError(
+                f"JSON text larger than {self.max_bytes:,} bytes (TPUANALYZE_MAX_JSON_BYTES; "
+                "ingest the .xplane.pb of the capture instead)",
+                str(self.path),
+            )
+        joined = self.tail + chunk[:3]
+        self.events += chunk.count(_PHASE_KEY) + joined.count(_PHASE_KEY)
+        self.tail = chunk[-3:]
+        if self.events > self.max_events:
+            raise TraceFormatError(
+                f"more than {self.max_events:,} trace events (TPUANALYZE_MAX_JSON_EVENTS; "
+                "ingest the .xplane.pb of the capture instead)",
+                str(self.path),
+            )
+        self.data += chunk
+
+    def text(self) -> bytearray:
+        data, self.data = self.data, bytearray()
+        return data
+
+
+def _read_bytes(path: Path) -> bytearray:
+    """The file's JSON text (gunzipped as it streams), within ``json_limits()``."""
+    handle, _ = open_trace_file(path, "a Chrome trace file")
+    bounded = _Bounded(path)
+    with handle:
+        head = handle.read(2)
+        handle.seek(0)
         try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceFormatError(f"corrupt or truncated gzip data ({exc})", str(path)) from None
-        if not raw:
-            raise TraceFormatError("empty file (after gunzip)", str(path))
-    elif path.name.endswith(".gz"):
-        raise TraceFormatError("not gzip data (the name ends in .gz)", str(path))
-    return raw
+            if head == b"\x1f\x8b":
+                _inflate(handle, bounded, path)
+            else:
+                if path.name.endswith(".gz"):
+                    raise TraceFormatError("not gzip data (the name ends in .gz)", str(path))
+                while chunk := handle.read(_READ_CHUNK):
+                    bounded.add(chunk)
+        except OSError as exc:
+            raise TraceFormatError(f"cannot read: {exc.strerror or exc}", str(path)) from None
+    data = bounded.text()
+    if not data:
+        raise TraceFormatError("empty file (after gunzip)", str(path))
+    return data
+
+
+def _inflate(handle: Any, bounded: _Bounded, path: Path) -> None:
+    """Gunzip ``handle`` into ``bounded`` at most ``_READ_CHUNK`` bytes at a time (so a bomb is
+    refused by the limits after little work); concatenated gzip members are read like gzip does."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    started = False  # the current member has input
+    pending = b""
+    read = 0
+    try:
+        while True:
+            if not pending:
+                pending = handle.read(_READ_CHUNK)
+                read += len(pending)
+                if not pending:
+                    break
+            if not started and not pending.strip(b"\0"):
+                pending = b""  # zero padding after the last member
+                continue
+            started = True
+            out = inflater.decompress(pending, _READ_CHUNK)
+            pending = inflater.unconsumed_tail
+            bounded.compressed = read - len(pending)  # input consumed so far: the ratio is exact
+            bounded.add(out)
+            if inflater.eof:
+                pending = inflater.unused_data + pending
+                inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                started = False
+    except zlib.error as exc:
+        raise TraceFormatError(f"corrupt or truncated gzip data ({exc})", str(path)) from None
+    if started:
+        raise TraceFormatError("corrupt or truncated gzip data (compressed file ended early)", str(path))
 
 
 def load_trace_events(path: str | Path) -> tuple[list[Any], dict[str, Any]]:
@@ -164,13 +280,35 @@ def _int_text(text: str) -> Any:
         return text
 
 
-def _us(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
+class _BadEvent(Exception):
+    """An event's field that cannot be stored (raised inside the read loop, named by ``_read``)."""
+
+
+def _us(value: Any, field_name: str = "ts") -> float | None:
+    """A ts/dur in microseconds: a JSON number (or numeric text, as some writers emit); None when
+    absent; ``_BadEvent`` for anything else (booleans, lists, words, non-finite text)."""
+    if value is None:
         return None
+    if isinstance(value, float):
+        number = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = float(value) if -1e300 < value < 1e300 else math.inf
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise _BadEvent(f"{field_name} is not a number ({value[:40]!r})") from None
+    else:
+        raise _BadEvent(f"{field_name} is not a number ({type(value).__name__})")
+    if not math.isfinite(number):
+        raise _BadEvent(f"{field_name} is not finite ({str(value)[:40]})")
+    return number
+
+
+def _hashable(value: Any, field_name: str) -> Any:
+    if isinstance(value, (list, dict)):
+        raise _BadEvent(f"{field_name} is a {type(value).__name__}, not a number or string")
+    return value
 
 
 class ChromeJsonReader:
@@ -223,12 +361,14 @@ class ChromeJsonReader:
         ev_md: list[int] = []
         ev_ts: list[float] = []
         ev_dur: list[float] = []
+        ev_src: list[int] = []  # index in traceEvents, to name an event the time policy refuses
         stats = _Stats()
         skipped: Counter[str] = Counter()
         open_slices: dict[tuple[Any, Any], list[tuple[int, float]]] = {}
 
-        def add_event(e: dict[str, Any], ts: float, dur: float) -> int:
-            p, ln = line_key(e.get("pid"), e.get("tid"))
+        def add_event(e: dict[str, Any], ts: float, dur: float, index: int) -> int:
+            p, ln = line_key(_hashable(e.get("pid"), "pid"), _hashable(e.get("tid"), "tid"))
+            ev_src.append(index)
             names = md_of[p]
             name = str(e.get("name", ""))
             md = names.get(name)
@@ -249,52 +389,69 @@ class ChromeJsonReader:
                     stats.add(row, key, value)
             return row
 
-        for e in events:
-            if not isinstance(e, dict):
-                skipped["non-object"] += 1
-                continue
-            ph = e.get("ph")
-            if ph == "X":
-                ts = _us(e.get("ts"))
-                if ts is None:
-                    skipped["X without ts"] += 1
+        index = 0
+        try:
+            for index, e in enumerate(events):
+                if not isinstance(e, dict):
+                    skipped["non-object"] += 1
                     continue
-                add_event(e, ts, _us(e.get("dur")) or 0.0)
-            elif ph == "B":
-                ts = _us(e.get("ts"))
-                if ts is None:
-                    skipped["B without ts"] += 1
-                    continue
-                row = add_event(e, ts, 0.0)
-                open_slices.setdefault((e.get("pid"), e.get("tid")), []).append((row, ts))
-            elif ph == "E":
-                stack = open_slices.get((e.get("pid"), e.get("tid")))
-                ts = _us(e.get("ts"))
-                if not stack or ts is None:
-                    skipped["E without B"] += 1
-                    continue
-                row, start = stack.pop()
-                ev_dur[row] = max(ts - start, 0.0)
-                args = e.get("args")
-                if isinstance(args, dict):
-                    for key, value in args.items():
-                        stats.add(row, key, value)
-            elif ph in ("i", "I", "C"):
-                ts = _us(e.get("ts"))
-                if ts is None:
-                    skipped[f"{ph} without ts"] += 1
-                    continue
-                add_event(e, ts, 0.0)
-            elif ph == "M":
-                args = e.get("args") if isinstance(e.get("args"), dict) else {}
-                if e.get("name") == "process_name":
-                    process_names[e.get("pid")] = str(args.get("name", ""))
-                    plane_index(e.get("pid"))
-                elif e.get("name") == "thread_name":
-                    thread_names[(e.get("pid"), e.get("tid"))] = str(args.get("name", ""))
-                    line_key(e.get("pid"), e.get("tid"))
-            else:
-                skipped[f"ph={ph}"] += 1
+                ph = e.get("ph")
+                if ph == "X":
+                    ts = _us(e.get("ts"))
+                    if ts is None:
+                        skipped["X without ts"] += 1
+                        continue
+                    add_event(e, ts, _us(e.get("dur"), "dur") or 0.0, index)
+                elif ph == "B":
+                    ts = _us(e.get("ts"))
+                    if ts is None:
+                        skipped["B without ts"] += 1
+                        continue
+                    row = add_event(e, ts, 0.0, index)
+                    open_slices.setdefault((e.get("pid"), e.get("tid")), []).append((row, ts))
+                elif ph == "E":
+                    key = (_hashable(e.get("pid"), "pid"), _hashable(e.get("tid"), "tid"))
+                    stack = open_slices.get(key)
+                    ts = _us(e.get("ts"))
+                    if not stack or ts is None:
+                        skipped["E without B"] += 1
+                        continue
+                    row, start = stack.pop()
+                    if ts < start:
+                        raise _BadEvent(f"E at ts {ts} ends before its B at ts {start}")
+                    ev_dur[row] = ts - start
+                    args = e.get("args")
+                    if isinstance(args, dict):
+                        for key, value in args.items():
+                            stats.add(row, key, value)
+                elif ph in ("i", "I", "C"):
+                    ts = _us(e.get("ts"))
+                    if ts is None:
+                        skipped[f"{ph} without ts"] += 1
+                        continue
+                    add_event(e, ts, 0.0, index)
+                elif ph == "M":
+                    args = e.get("args") if isinstance(e.get("args"), dict) else {}
+                    pid = _hashable(e.get("pid"), "pid")
+                    if e.get("name") == "process_name":
+                        process_names[pid] = str(args.get("name", ""))
+                        plane_index(pid)
+                    elif e.get("name") == "thread_name":
+                        tid = _hashable(e.get("tid"), "tid")
+                        thread_names[(pid, tid)] = str(args.get("name", ""))
+                        line_key(pid, tid)
+                else:
+                    skipped[f"ph={str(ph)[:20]}"] += 1
+        except _BadEvent as exc:
+            raise TraceFormatError(
+                f"traceEvents[{index}] ({_describe(events[index])}): {exc}", self.file_path
+            ) from None
+        if len(plane_of) > MAX_PLANES or len(line_of) > MAX_LINES:
+            raise TraceFormatError(
+                f"{len(plane_of):,} processes and {len(line_of):,} threads: more than a capture has "
+                f"(at most {MAX_PLANES:,} and {MAX_LINES:,})",
+                self.file_path,
+            )
         unterminated = sum(len(s) for s in open_slices.values())
         for stack in open_slices.values():
             for row, _ in stack:
@@ -302,6 +459,8 @@ class ChromeJsonReader:
 
         n = len(ev_ts)
         ts_arr = np.asarray(ev_ts, dtype=np.float64)
+        dur_arr = np.asarray(ev_dur, dtype=np.float64)
+        self._check_times(ts_arr, dur_arr, ev_src, events)
         t0_us = float(ts_arr.min()) if n else 0.0
         # Integral microseconds (Kineto) give an exact t0; fractional ones are as exact as a double.
         t0_ns = int(t0_us) * 1000 if t0_us.is_integer() else math.floor(t0_us * 1000.0)
@@ -309,7 +468,7 @@ class ChromeJsonReader:
         self.t0_ns: int | None = t0_ns if n else None
         self.num_events = n
         self._start = np.rint((ts_arr - t0_us) * 1e6).astype(np.int64) + frac_ps
-        self._duration = np.rint(np.asarray(ev_dur, dtype=np.float64) * 1e6).astype(np.int64)
+        self._duration = np.rint(dur_arr * 1e6).astype(np.int64)
         self._plane = np.asarray(ev_plane, dtype=np.int32)
         self._line = np.asarray(ev_line, dtype=np.int32)
         self._md = np.asarray(ev_md, dtype=np.int64)
@@ -328,6 +487,32 @@ class ChromeJsonReader:
             self.metadata["skipped_events"] = dict(skipped)
         if unterminated:
             self.metadata["unterminated_slices"] = unterminated
+
+    def _check_times(self, ts: np.ndarray, dur: np.ndarray, source: list[int], events: list[Any]) -> None:
+        """The time policy (docs/input.md), vectorised: ts >= 0, durations in [0, 7 days], every
+        event within 7 days of the median event time (one far event would shift all others)."""
+        if not len(ts):
+            return
+        median = float(np.median(ts))
+        span_us = MAX_SPAN_NS / 1000.0
+        bad_ts = (ts < 0) | (np.abs(ts - median) > span_us)
+        bad_dur = (dur < 0) | (dur > span_us)
+        bad = bad_ts | bad_dur
+        if not bad.any():
+            return
+        row = int(np.argmax(bad))
+        if bad_dur[row]:
+            what = f"dur {dur[row]:g} us is {'negative' if dur[row] < 0 else 'longer than 7 days'}"
+        elif ts[row] < 0:
+            what = f"ts {ts[row]:g} us is negative"
+        else:
+            days = abs(ts[row] - median) / 86_400e6
+            what = (
+                f"ts {ts[row]:.0f} us is {days:,.1f} days from the median of the trace's events "
+                "(events of one file must lie within 7 days)"
+            )
+        index = source[row]
+        raise TraceFormatError(f"traceEvents[{index}] ({_describe(events[index])}): {what}", self.file_path)
 
     def planes(self) -> Iterator[PlaneData]:
         line_events = Counter(zip(self._plane.tolist(), self._line.tolist(), strict=True))
@@ -393,6 +578,15 @@ class ChromeJsonReader:
                 stats=stats,
             )
             local[chunk] = -1
+
+
+def _describe(event: Any) -> str:
+    """An event as the error names it: phase and name, cut short."""
+    if not isinstance(event, dict):
+        return type(event).__name__
+    name = str(event.get("name", ""))
+    name = name if len(name) <= 60 else name[:57] + "..."
+    return f"ph {str(event.get('ph'))[:8]!r}, name {name!r}"
 
 
 def read_chrome_json(path: str | Path, host: str | None = None) -> ChromeJsonReader:

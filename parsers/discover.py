@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import gzip
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuanalyze.parsers.mlperf import is_mlperf_log
+from tpuanalyze.parsers.trace_file import check_utf8_name, file_kind, is_regular_file
 
 from tpuanalyze.errors import TraceFormatError
 
@@ -50,6 +52,7 @@ class Inputs:
 
     runs: list[RunSource] = field(default_factory=list)
     mlperf_files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # files skipped while walking, and why
 
 
 def host_name(path: Path) -> str:
@@ -98,8 +101,20 @@ def worth_mlperf_sniff(path: Path) -> bool:
     )
 
 
-def _run_from_folder(folder: Path) -> RunSource | None:
-    files = sorted(p for p in folder.iterdir() if p.is_file())
+def _regular(paths: list[Path], notes: list[str]) -> list[Path]:
+    """The regular files among trace-named ``paths``; a FIFO, device, socket or broken link named
+    like a trace is skipped with a note (opening a FIFO would block forever)."""
+    kept = []
+    for path in paths:
+        if is_regular_file(path):
+            kept.append(path)
+        elif file_format(path) is not None and not path.is_dir():
+            notes.append(f"{path}: skipped, not a regular file")
+    return kept
+
+
+def _run_from_folder(folder: Path, notes: list[str] | None = None) -> RunSource | None:
+    files = _regular(sorted(folder.iterdir()), notes if notes is not None else [])
     xspaces = [p for p in files if p.name.endswith(XSPACE_SUFFIX)]
     jsons = [p for p in files if p.name.endswith(TRACE_JSON_SUFFIXES)]
     resolved = str(folder.resolve())
@@ -132,13 +147,13 @@ def _walk(root: Path, found: Inputs) -> None:
         dirnames.sort()
         here = Path(dirpath)
         if is_run_folder(here):
-            run = _run_from_folder(here)
+            run = _run_from_folder(here, found.notes)
             if run:
                 found.runs.append(run)
             dirnames[:] = []  # nothing below a run folder is a separate run
             continue
-        for name in sorted(filenames):
-            path = here / name
+        for path in _regular([here / name for name in sorted(filenames)], found.notes):
+            name = path.name
             fmt = file_format(path)
             if fmt == "xspace" or name.endswith(TRACE_JSON_SUFFIXES):
                 found.runs.append(_run_from_file(path))
@@ -153,18 +168,27 @@ def discover_inputs(paths: list[str | Path]) -> Inputs:
     and so is a folder holding neither."""
     inputs = Inputs()
     seen: set[str] = set()
+    seen_files: set[str] = set()
     for raw in paths:
         path = Path(raw)
-        if not path.exists():
-            raise TraceFormatError("no such file or directory", str(raw))
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise TraceFormatError("no such file or directory", str(raw)) from None
+        except OSError as exc:  # a symlink loop, a permission problem
+            raise TraceFormatError(f"cannot read: {exc.strerror or exc}", str(raw)) from None
+        if stat.S_ISDIR(mode):
+            path = path.resolve()  # a symlink to a run folder is that run folder, read once
+        elif not stat.S_ISREG(mode):
+            raise TraceFormatError(f"not a regular file ({file_kind(mode)})", str(raw))
         found = Inputs()
-        if path.is_file():
+        if stat.S_ISREG(mode):
             if file_format(path) is None and is_mlperf_log(path):
                 found.mlperf_files.append(path.resolve())
             else:
                 found.runs.append(_run_from_file(path))
         elif is_run_folder(path):
-            run = _run_from_folder(path)
+            run = _run_from_folder(path, found.notes)
             if run is None:
                 raise TraceFormatError("run folder holds no .xplane.pb or .trace.json[.gz] file", str(raw))
             found.runs.append(run)
@@ -174,10 +198,19 @@ def discover_inputs(paths: list[str | Path]) -> Inputs:
                 raise TraceFormatError(
                     "no trace files (.xplane.pb, .trace.json[.gz]) or MLPerf result logs found", str(raw)
                 )
+        inputs.notes.extend(found.notes)
+        for file in [p for run in found.runs for _, p in run.files] + found.mlperf_files:
+            check_utf8_name(file)
         for run in found.runs:
-            if run.source_path not in seen:
-                seen.add(run.source_path)
-                inputs.runs.append(run)
+            files = {str(p.resolve()) for _, p in run.files}
+            if run.source_path in seen:
+                continue
+            if files <= seen_files:  # e.g. a symlink to a file of a run already found
+                inputs.notes.append(f"{run.source_path}: skipped, its files are already part of another run")
+                continue
+            seen.add(run.source_path)
+            seen_files.update(files)
+            inputs.runs.append(run)
         for file in found.mlperf_files:
             if str(file) not in seen:
                 seen.add(str(file))

@@ -9,7 +9,10 @@ benchmark on one system, e.g. ``v0.7/tpu-v3-8192-TF/resnet``) is one run of the 
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+from tpuanalyze.parsers.trace_file import check_utf8_name
 
 from tpuanalyze.errors import TraceFormatError
 
@@ -100,27 +105,66 @@ def _schemas() -> tuple[pa.Schema, pa.Schema]:
     return results, intervals
 
 
+def _time(value: Any, what: str) -> float:
+    """A log time as a finite, non-negative float (a JSON number or numeric text), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{what} is not a number ({type(value).__name__})")
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{what} is not a number ({str(value)[:40]!r})") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{what} is {'not finite' if not math.isfinite(number) else 'negative'} ({value})")
+    return number
+
+
+def _metadata(value: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"metadata is a {type(value).__name__}, not an object")
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _loads(text: str) -> Any:
+    """JSON of a log line; a lone surrogate escape (``"\\ud800"``) is refused: such a string
+    cannot be stored as UTF-8 (the regex spares the encode check on ordinary lines)."""
+    value = json.loads(text)
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a string holds a lone UTF-16 surrogate (not valid Unicode)") from None
+    return value
+
+
 def parse_line(line: str) -> LogEntry | None:
     """One log line as a LogEntry, None for lines that are not MLPerf log lines.
 
-    Raises ValueError when a line has the MLPerf prefix but its JSON payload is broken.
+    Raises ValueError when a line has the MLPerf prefix but its payload is broken: bad JSON, a
+    time that is not a finite non-negative number, metadata that is not an object.
     """
     if ":::MLL" not in line:
         return None
     match = _MLLOG.search(line)
     if match:
-        record = json.loads(match.group(1))
+        record = _loads(match.group(1))
         if not isinstance(record, dict) or "key" not in record:
             raise ValueError("MLLOG record without a key")
-        return LogEntry(float(record.get("time_ms") or 0.0), str(record["key"]), record.get("value"),
-                        record.get("metadata") or {})
+        time_ms = _time(record.get("time_ms") or 0.0, "time_ms")
+        return LogEntry(time_ms, str(record["key"]), record.get("value"), _metadata(record.get("metadata")))
     match = _MLL.search(line)
     if match:
-        payload = json.loads(match.group(3))
+        payload = _loads(match.group(3))
         if not isinstance(payload, dict):
             payload = {"value": payload}
-        return LogEntry(float(match.group(1)) * 1000.0, match.group(2), payload.get("value"),
-                        payload.get("metadata") or {})
+        time_ms = _time(match.group(1), "the time") * 1000.0
+        if not math.isfinite(time_ms):
+            raise ValueError(f"the time is out of range ({match.group(1)[:40]})")
+        return LogEntry(time_ms, match.group(2), payload.get("value"), _metadata(payload.get("metadata")))
     raise ValueError("line starts like an MLPerf log line but matches neither :::MLLOG nor :::MLL")
 
 
@@ -146,6 +190,8 @@ def read_entries(path: Path) -> list[LogEntry]:
 def is_mlperf_log(path: Path) -> bool:
     """Cheap sniff for discovery: the first MLPerf-looking line within the first 64 KiB."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
+            return False
         with open(path, "rb") as handle:
             head = handle.read(65536)
     except OSError:
@@ -168,6 +214,7 @@ def discover(paths: Iterable[str | Path]) -> list[ResultFolder]:
             if not candidates:
                 raise TraceFormatError("no MLPerf result logs (result_*.txt) found", str(raw))
         for file in candidates:
+            check_utf8_name(file)
             folder = folders.setdefault(file.parent, ResultFolder(file.parent))
             if file not in folder.files:
                 folder.files.append(file)
@@ -192,6 +239,8 @@ def platform_scale(platform: str | None) -> tuple[int | None, int | None, str | 
     if not match:
         return None, None, None
     generation, cores = int(match.group(1)), int(match.group(2))
+    if cores >= 1 << 31:  # the int32 columns (no pod has two billion cores)
+        return None, None, match.group(3)
     chips = cores // 2 if generation <= 4 else cores
     return cores, chips, match.group(3)
 
@@ -209,17 +258,34 @@ def _folder_identity(folder: Path) -> tuple[str | None, str | None, str]:
 
 
 def _as_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
+    """An int64 column's value, None when the logged value is not an integer that fits."""
+    if isinstance(value, bool):
         return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if -(1 << 63) <= number < (1 << 63) else None
 
 
 def _as_float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
+    """A float column's value, None when the logged value is not a finite number."""
+    if isinstance(value, bool):
         return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _key(value: Any) -> Any:
+    """A metadata value usable as a dict key (lists/objects compared as their JSON text)."""
+    try:
+        hash(value)
+    except TypeError:
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
 
 
 def _pair(starts: list[LogEntry], stops: list[LogEntry], key: str) -> list[tuple[LogEntry | None,
@@ -263,7 +329,8 @@ def summarize_file(path: Path, folder: Path, entries: Sequence[LogEntry]) -> tup
         return entry.value if entry is not None else None
 
     version, system, submitter_path = _folder_identity(folder)
-    platform = value("submission_platform") or system
+    logged_platform = value("submission_platform")
+    platform = str(logged_platform) if logged_platform not in (None, "") else system
     cores, chips, framework = platform_scale(system) if _PLATFORM.match(system or "") else (None, None, None)
     if cores is None:
         cores, chips, framework = platform_scale(platform)
@@ -273,7 +340,9 @@ def summarize_file(path: Path, folder: Path, entries: Sequence[LogEntry]) -> tup
     for entry in entries:
         if entry.key in _EVENT_KEYS or entry.key.startswith("submission_"):
             continue
-        if isinstance(entry.value, (int, float, str, bool)) or entry.value is None:
+        if isinstance(entry.value, float) and not math.isfinite(entry.value):
+            hyper.setdefault(entry.key, repr(entry.value))  # JSON has no NaN/inf: their text
+        elif isinstance(entry.value, (int, float, str, bool)) or entry.value is None:
             hyper.setdefault(entry.key, entry.value)
     for key in ("submission_platform", "submission_division", "submission_status", "submission_org"):
         if value(key) is not None:
@@ -300,11 +369,11 @@ def summarize_file(path: Path, folder: Path, entries: Sequence[LogEntry]) -> tup
     for start, stop in _pair(by_key.get("epoch_start", []), by_key.get("epoch_stop", []), "epoch_num"):
         add("epoch", start, stop, (start or stop).metadata.get("epoch_num"))  # type: ignore[union-attr]
 
-    accuracy = {entry.metadata.get("epoch_num"): entry for entry in by_key.get("eval_accuracy", [])}
+    accuracy = {_key(entry.metadata.get("epoch_num")): entry for entry in by_key.get("eval_accuracy", [])}
     eval_pairs = _pair(by_key.get("eval_start", []), by_key.get("eval_stop", []), "epoch_num")
     seen_epochs = set()
     for start, stop in eval_pairs:
-        epoch = (start or stop).metadata.get("epoch_num")  # type: ignore[union-attr]
+        epoch = _key((start or stop).metadata.get("epoch_num"))  # type: ignore[union-attr]
         seen_epochs.add(epoch)
         measured = accuracy.get(epoch)
         add("eval", start, stop, epoch, None, measured.value if measured else None)

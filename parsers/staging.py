@@ -77,6 +77,38 @@ META_COLUMNS = ["metadata_id", "name", "display_name", *[c for c, _ in TYPED_COL
 # per-statement cost is the bottleneck of the load).
 CHUNK_EVENTS = 16_384
 
+# Time policy (docs/input.md). Event times are stored as int64 picoseconds relative to the run's t0,
+# which overflows past ~106 days. A host's events must lie within MAX_SPAN_NS of the host's time
+# zero (Chrome JSON: of the median of its event times), durations must be finite, non-negative and
+# at most MAX_SPAN_NS, and the hosts of a run must start within MAX_SPAN_NS of each other.
+# Anything else (one event 100 days away, ts 0 among epoch times) refuses the file: stored, it
+# would shift or overflow every other start. Starts (< 2 spans), durations and host shifts then
+# add up to < 4 spans = 28 days: never near int64.
+MAX_SPAN_NS = 7 * 86_400 * 1_000_000_000
+MAX_SPAN_PS = MAX_SPAN_NS * 1000
+
+
+def first_bad_time(start_ps: np.ndarray, duration_ps: np.ndarray) -> tuple[int, str] | None:
+    """(index, what is wrong) of the first event whose start/duration (int64 ps relative to the
+    host's t0) breaks the time policy, or None. Vectorised: one pass of comparisons per batch."""
+    bad_start = (start_ps < 0) | (start_ps > 2 * MAX_SPAN_PS)
+    bad_duration = (duration_ps < 0) | (duration_ps > MAX_SPAN_PS)
+    bad = bad_start | bad_duration
+    if not bad.any():
+        return None
+    i = int(np.argmax(bad))
+    if bad_duration[i]:
+        what = "negative duration" if duration_ps[i] < 0 else "duration longer than 7 days"
+        return i, f"{what} ({int(duration_ps[i])} ps)"
+    when = "before" if start_ps[i] < 0 else "more than 14 days after"
+    return i, f"starts {when} the host's first line ({int(start_ps[i])} ps from it)"
+
+
+# Structure bounds (docs/input.md): real captures have tens of planes and thousands of lines; a
+# file with more is refused before its planes are read (200k empty planes cost 80 s otherwise).
+MAX_PLANES = 16_384
+MAX_LINES = 1_000_000
+
 # Value kinds of a stat row (StatLong.kind).
 STAT_NULL, STAT_INT, STAT_UINT, STAT_DOUBLE, STAT_TEXT, STAT_JSON = 0, 1, 2, 3, 4, 5
 
@@ -206,6 +238,8 @@ def nullable_columns(name: str, values: list[Any], kind: str) -> Columns:
 
 def lines_columns(lines: dict[str, list[Any]]) -> Columns:
     """A plane's lines (``LINE_COLUMNS`` lists, ints may be None) -> loader columns."""
+    if not lines["name"]:
+        return dict(_EMPTY_LINES)  # many planes have no lines: no arrays built for them
     columns: Columns = {
         "name": text_column(lines["name"]),
         "display_name": text_column(lines["display_name"]),
@@ -273,6 +307,12 @@ def metadata_table(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> C
 
     Typed stats go to their columns (first occurrence wins), the rest to ``stats`` JSON.
     """
+    if not rows:
+        return dict(_EMPTY_METADATA)  # planes without event metadata: no arrays built for them
+    return _build_metadata(rows)
+
+
+def _build_metadata(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> Columns:
     values: dict[str, list[Any]] = {name: [] for name in META_COLUMNS}
     for md_id, name, display_name, stats in rows:
         typed: dict[str, Any] = {}
@@ -299,3 +339,10 @@ def metadata_table(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> C
         else:
             columns.update(nullable_columns(column, values[column], kind))
     return columns
+
+
+# Shared (never written) columns of a plane without lines / event metadata.
+_EMPTY_LINES: Columns = {
+    name: values[:0] for name, values in lines_columns({**empty_lines(), "name": [None]}).items()
+}
+_EMPTY_METADATA: Columns = _build_metadata([])

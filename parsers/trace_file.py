@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -16,6 +17,10 @@ def open_trace_file(path: Path, kind: str) -> tuple[BinaryIO, int]:
     ``kind`` says what the file should have been (e.g. "an XSpace file") in the directory message.
     Readers that stream (XSpace) read parts of it; the caller closes it."""
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            # a FIFO would block the open forever, a device could be endless
+            raise TraceFormatError(f"not a regular file ({file_kind(mode)}), not {kind}", str(path))
         handle = path.open("rb")
     except FileNotFoundError:
         raise TraceFormatError("no such file", str(path)) from None
@@ -28,6 +33,39 @@ def open_trace_file(path: Path, kind: str) -> tuple[BinaryIO, int]:
         handle.close()
         raise TraceFormatError("empty file", str(path))
     return handle, size
+
+
+def check_utf8_name(path: Path) -> None:
+    """Refuse a path whose name is not valid UTF-8 (the database stores names as UTF-8 text; Python
+    carries such bytes as lone surrogates, which no writer accepts). The error shows the bytes."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise TraceFormatError("file name is not valid UTF-8 (rename it)", shown) from None
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+    )
+    for test, name in kinds:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def is_regular_file(path: Path) -> bool:
+    """A regular file (after symlinks); False for FIFOs, devices, sockets, broken links and loops."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def read_trace_file(path: Path, kind: str) -> bytes:

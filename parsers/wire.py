@@ -18,6 +18,9 @@ _LOW7 = np.uint8(0x7F)
 _HIGH = np.uint8(0x80)
 
 
+MAX_FIELD_NUMBER = (1 << 29) - 1  # protobuf's largest field number
+
+
 class WireError(ValueError):
     """The bytes are not a well-formed protobuf message."""
 
@@ -138,6 +141,8 @@ def decode_fields(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Fiel
             raise WireError("unsupported wire type")
         if (field == 0).any():
             raise WireError("field number 0")
+        if (field > MAX_FIELD_NUMBER).any():
+            raise WireError("field number above 2^29-1")
         if (new_pos > limit).any():
             raise WireError("field runs past the end of its message")
         parts.append((active, field, wire, value, length))

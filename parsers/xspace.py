@@ -23,6 +23,10 @@ from tpuanalyze.parsers import wire
 from tpuanalyze.parsers.staging import (
     CHUNK_EVENTS,
     LINE_COLUMNS,
+    MAX_LINES,
+    MAX_PLANES,
+    MAX_SPAN_NS,
+    MAX_SPAN_PS,
     STAT_DOUBLE,
     STAT_INT,
     STAT_TEXT,
@@ -34,6 +38,7 @@ from tpuanalyze.parsers.staging import (
     StatLong,
     classify_plane,
     empty_lines,
+    first_bad_time,
     json_safe,
     lines_columns,
     metadata_table,
@@ -133,12 +138,20 @@ def _split_planes(handle: BinaryIO, end: int, where: str) -> tuple[list[tuple[in
         field_start = pos
         tag = _read_varint(handle, where)
         wire_type = tag & 7
+        if not 0 < tag >> 3 <= wire.MAX_FIELD_NUMBER:
+            raise TraceFormatError(
+                f"corrupt XSpace protobuf in the file (field number {tag >> 3} out of range)", where
+            )
         if wire_type == 2:
             size = _read_varint(handle, where)
             pos = handle.tell()
             if pos + size > end:
                 raise TraceFormatError(_TRUNCATED, where)
             if tag >> 3 == 1:
+                if len(ranges) == MAX_PLANES:
+                    raise TraceFormatError(
+                        f"more than {MAX_PLANES:,} planes (no capture has that many: refused unread)", where
+                    )
                 ranges.append((pos, size))
                 pos += size
                 handle.seek(pos)
@@ -177,6 +190,10 @@ def _next_field(data: bytes, pos: int, end: int, where: str, what: str) -> tuple
     """The field at ``data[pos]``: (tag, where its payload starts, where the next field starts)."""
     tag, pos = _varint_at(data, pos, where, what)
     wire_type = tag & 7
+    if not 0 < tag >> 3 <= wire.MAX_FIELD_NUMBER:
+        raise TraceFormatError(
+            f"corrupt XSpace protobuf in {what} (field number {tag >> 3} out of range)", where
+        )
     if wire_type == 2:
         size, start = _varint_at(data, pos, where, what)
         after = start + size
@@ -207,6 +224,8 @@ def _split_lines(data: bytes, where: str, what: str) -> tuple[list[tuple[int, in
         tag, start, after = _next_field(data, pos, end, where, what)
         if tag == _LINES_TAG:
             ranges.append((start, after - start))
+            if len(ranges) > MAX_LINES:
+                raise TraceFormatError(f"{what} has more than {MAX_LINES:,} lines", where)
         else:
             rest.append(data[pos:after])
         pos = after
@@ -464,25 +483,36 @@ class XSpaceReader:
             # Each plane's lines (id, display_id, name, display_name, timestamp_ns, duration_ps,
             # events): streaming then walks only the events.
             self._line_rows: list[list[tuple[Any, ...]]] = []
+            lines_seen = 0
             for index, (start, size) in enumerate(ranges):
                 plane = _Plane(_read_range(handle, start, size, where), where, index)
                 names.append(plane.name)
                 rows = []
-                for line in plane.lines():
+                for line_index, line in enumerate(plane.lines()):
                     count = len(line.events)
+                    if line.duration_ps < 0:
+                        raise TraceFormatError(
+                            f"line #{line_index} ({line.name!r}) of plane {plane.name!r}: "
+                            f"negative duration_ps ({line.duration_ps})", where
+                        )
                     rows.append(
                         (line.id, line.display_id, line.name, line.display_name or None,
                          line.timestamp_ns, line.duration_ps, count)
                     )
                     if count:
-                        stamps.append(line.timestamp_ns)
+                        stamps.append((line.timestamp_ns, index, line_index))
                         self.num_events += count
                     del line
                 self._line_rows.append(rows)
+                lines_seen += len(rows)
+                if lines_seen > MAX_LINES:
+                    raise TraceFormatError(f"more than {MAX_LINES:,} lines in the file", where)
                 del plane
         if not any(names):
             raise TraceFormatError("not an XSpace protobuf (no plane has a name)", where)
-        self.t0_ns: int | None = min(stamps) if stamps else None
+        self.t0_ns: int | None = min(stamps)[0] if stamps else None
+        if stamps:
+            _check_line_span(stamps, names, self._line_rows, where)
 
     def release(self) -> None:
         """Forget the plane ranges once streamed."""
@@ -595,19 +625,32 @@ class XSpaceReader:
                 pending.append((starts, ends, line_column, np.full(n, base_ps, dtype=np.int64)))
                 count += n
                 if count >= CHUNK_EVENTS:
-                    yield self._batch(buf, pending, stat_names)
+                    yield self._batch(buf, pending, stat_names, plane.index, plane.name)
                     pending, count = [], 0
         if count:
-            yield self._batch(buf, pending, stat_names)
+            yield self._batch(buf, pending, stat_names, plane.index, plane.name)
 
     def _batch(
         self,
         buf: np.ndarray,
         pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
         stat_names: dict[int, str],
+        plane_index: int,
+        plane_name: str,
     ) -> EventBatch:
         starts, ends, lines, bases = (np.concatenate(part) for part in zip(*pending, strict=True))
         md_ids, offsets, durations, occurrences, has_occ, fields = self._decode_chunk(buf, starts, ends)
+        # offsets first (bounded, so adding the line's base cannot wrap), then the time policy
+        offsets = np.clip(offsets, -4 * MAX_SPAN_PS, 4 * MAX_SPAN_PS)
+        start_ps = offsets + bases
+        bad = first_bad_time(start_ps, durations)
+        if bad is not None:
+            i, what = bad
+            row = self._line_rows[plane_index][int(lines[i])]
+            raise TraceFormatError(
+                f"an event of line #{int(lines[i])} ({row[2]!r}) of plane {plane_name!r}: {what}",
+                self.file_path,
+            )
         stats = None
         owner, start, length = fields.select(4, 2)
         del fields
@@ -619,12 +662,33 @@ class XSpaceReader:
         return EventBatch(
             line_index=lines,
             metadata_id=md_ids,
-            start_ps=offsets + bases,
+            start_ps=start_ps,
             duration_ps=durations,
             num_occurrences=occurrences,
             has_occurrences=has_occ,
             stats=stats,
         )
+
+
+def _check_line_span(
+    stamps: list[tuple[int, int, int]], names: list[str], line_rows: list[list[tuple[Any, ...]]], where: str
+) -> None:
+    """Refuse a host whose lines with events start more than ``MAX_SPAN_NS`` apart (time policy,
+    docs/input.md): the far line would set the host's time zero and shift every other event."""
+    stamps = sorted(stamps)
+    first, last = stamps[0], stamps[-1]
+    if last[0] - first[0] <= MAX_SPAN_NS:
+        return
+    median = stamps[len(stamps) // 2][0]
+    far = first if median - first[0] > last[0] - median else last
+    _, plane_index, line_index = far
+    days = abs(far[0] - median) / 86_400e9
+    raise TraceFormatError(
+        f"line #{line_index} ({line_rows[plane_index][line_index][2]!r}) of plane {names[plane_index]!r}: "
+        f"timestamp_ns {far[0]} is {days:,.1f} days from the host's other lines "
+        "(a host's events must lie within 7 days)",
+        where,
+    )
 
 
 def _as_str(value: Any) -> str | None:

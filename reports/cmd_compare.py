@@ -8,12 +8,13 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.compare import RunComparison, RunLoader, check_comparable, compare_runs
 from tpuanalyze.reports.cmd_mlperf import wide_console
+from tpuanalyze.reports.options import wait_option
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.safe_text import safe
 
 
 def _signed(value: float, unit: str = "") -> str:
@@ -22,7 +23,7 @@ def _signed(value: float, unit: str = "") -> str:
 
 def render(comparison: RunComparison, console: Console) -> None:
     """The terminal view: step time, breakdown, top ops, findings that changed."""
-    head = Table(title=f"compare  A = {escape(comparison.a)}   B = {escape(comparison.b)}",
+    head = Table(title=f"compare  A = {safe(comparison.a)}   B = {safe(comparison.b)}",
                  caption="per train step: ms and share of the step (report's breakdown gives shares of "
                          "wall time)")
     for name in ("", "A: ms · of step", "B: ms · of step", "B - A"):
@@ -46,7 +47,7 @@ def render(comparison: RunComparison, console: Console) -> None:
                               ("B - A", "right"), ("", "left")):
             ops.add_column(name, justify=justify)
         for row in comparison.ops.itertuples(index=False):
-            ops.add_row(escape(str(row.name)[:60]), str(row.category), f"{row.a_ms:.4f}", f"{row.b_ms:.4f}",
+            ops.add_row(safe(str(row.name)[:60]), safe(row.category), f"{row.a_ms:.4f}", f"{row.b_ms:.4f}",
                         _signed(row.delta_ms), row.status)
         console.print(ops)
     for title, items in (("findings that appeared in B", comparison.findings_appeared),
@@ -72,6 +73,7 @@ def render(comparison: RunComparison, console: Console) -> None:
 @click.option("--top", type=int, default=10, show_default=True, help="How many changed ops to list.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Also write the comparison as JSON to FILE.")
+@wait_option
 def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None, per_chip: bool,
             allow_mixed: bool, top: int, json_path: Path | None) -> None:
     """Compare run B against run A (RUNS = A B: trace paths, DB:RUN, or run ids/names in --db).

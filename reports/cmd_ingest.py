@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 
 import click
+from tpuanalyze.reports.options import wait_option
 from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.safe_text import plain
 
 
 @click.command("ingest")
@@ -18,6 +21,7 @@ from tpuanalyze.store.ingest import ingest_paths
     default=None,
     help="Progress bar (default: only when stderr is a terminal).",
 )
+@wait_option
 def command(paths: tuple[str, ...], db_path: str, progress: bool | None) -> None:
     """Ingest XSpace (.xplane.pb) and Chrome-trace JSON files, run folders or logdirs, and MLPerf
     result logs (:::MLLOG / :::MLL result_N.txt; one run per result folder), mixed freely.
@@ -33,7 +37,7 @@ def command(paths: tuple[str, ...], db_path: str, progress: bool | None) -> None
     show = sys.stderr.isatty() if progress is None else progress
     summary = ingest_paths(list(paths), db_path, progress=show)
     for note in summary.notes:
-        click.echo(f"note: {note}", err=True)
+        click.echo(f"note: {plain(note)}", err=True)
     replaced = ""
     if summary.replaced_run_ids:
         replaced = f", replaced run(s) {', '.join(map(str, summary.replaced_run_ids))}"

@@ -10,11 +10,13 @@ from pathlib import Path
 import click
 import pandas as pd
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.mlperf_summary import summarize_db, summarize_paths
+from tpuanalyze.reports.options import wait_option
+from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.safe_text import safe
 
 
 def wide_console() -> Console:
@@ -41,11 +43,11 @@ def summary_table(summary: pd.DataFrame) -> Table:
         table.add_column(name, justify=justify)
     for row in summary.itertuples(index=False):
         runs = f"{row.runs}" + (f" ({row.failed_runs} failed)" if row.failed_runs else "")
-        table.add_row(escape(str(row.submitter_path)), _fmt(row.chips), runs,
+        table.add_row(safe(str(row.submitter_path)), _fmt(row.chips), runs,
                       _fmt(row.time_to_train_s, "{:.2f} s"),
-                      row.scoring, _fmt(row.epochs, "{:.1f}"), _fmt(row.eval_count, "{:.1f}"),
+                      safe(row.scoring), _fmt(row.epochs, "{:.1f}"), _fmt(row.eval_count, "{:.1f}"),
                       _fmt(row.eval_share, "{:.1%}"), _fmt(row.global_batch_size),
-                      _fmt(row.per_core_batch, "{:g}"), _fmt(row.opt_name),
+                      _fmt(row.per_core_batch, "{:g}"), safe(_fmt(row.opt_name)),
                       _fmt(row.step_ms_est, "~{:.1f} ms"))
     return table
 
@@ -69,7 +71,7 @@ def pivot_table(pivot: pd.DataFrame) -> Table:
         table.add_column(f"{chips}", justify="right")
     for index, row in pivot.iterrows():
         label = " ".join(str(part) for part in index if part)
-        table.add_row(label, *[_fmt(value, "{:.2f}") for value in row.tolist()])
+        table.add_row(safe(label), *[_fmt(value, "{:.2f}") for value in row.tolist()])
     return table
 
 
@@ -86,6 +88,7 @@ def summary_records(summary: pd.DataFrame) -> list[dict]:
               help="Read MLPerf runs already ingested into this database instead of (or besides) PATHs.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Also write the summary as JSON to FILE.")
+@wait_option
 def command(paths: tuple[Path, ...], db_path: Path | None, json_path: Path | None) -> None:
     """Summarize MLPerf result logs (result_*.txt, :::MLLOG and :::MLL): time to train per folder.
 
@@ -102,7 +105,7 @@ def command(paths: tuple[Path, ...], db_path: Path | None, json_path: Path | Non
             raise TpuAnalyzeError("no such database", str(db_path))
         import duckdb
 
-        con = duckdb.connect(str(db_path), read_only=True)
+        con = open_database(db_path, read_only=True)
         try:
             frames.append(summarize_db(con))
         except duckdb.Error as exc:

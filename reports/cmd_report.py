@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 from tpuanalyze.reports import progress
+from tpuanalyze.reports.options import wait_option
+from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
 
@@ -51,10 +53,9 @@ def _ingest(paths: Sequence[Path], db_path: Path, show_progress: bool) -> list[i
 
 def _install_views(db_path: Path, thresholds: Path | None) -> None:
     """Attribution views (step_breakdown, ...) in a kept database, so the findings' SQL runs there."""
-    import duckdb
     from tpuanalyze.analyzer.api import install_views
 
-    con = duckdb.connect(str(db_path))
+    con = open_database(db_path)
     try:
         install_views(con, thresholds)
     finally:
@@ -105,7 +106,7 @@ def analyse(
         config = config or load_thresholds()
         config["warmup"]["keep"] = True
     try:
-        con = duckdb.connect(str(db_path), read_only=True)
+        con = open_database(db_path, read_only=True)
     except duckdb.Error as exc:
         raise TpuAnalyzeError(f"cannot open database: {exc}", str(db_path)) from exc
     try:
@@ -275,6 +276,7 @@ def _write_html(
     default=None,
     help="Progress bars on stderr (default: only when stderr is a terminal).",
 )
+@wait_option
 def command(
     paths: tuple[Path, ...],
     db_path: Path | None,

@@ -10,13 +10,15 @@ from pathlib import Path
 import click
 import pandas as pd
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from tpuanalyze.analyzer.compare import LoadedRun, RunLoader, check_comparable, step_categories_ms
 from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling, link_traces_and_logs
 from tpuanalyze.reports.cmd_mlperf import wide_console
+from tpuanalyze.reports.options import wait_option
+from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.safe_text import safe
 
 
 def _is_mlperf(path: Path) -> bool:
@@ -94,7 +96,7 @@ def render_time_to_train(analysis: ScalingAnalysis, console: Console) -> None:
                  "time to train s", "examples/s per core", "efficiency"):
         measured.add_column(name, justify="left" if name == "run" else "right")
     for row in analysis.measured.to_dict(orient="records"):
-        measured.add_row(escape(str(row["run"])), str(int(row["chips"])), _fmt(row["global_batch"], "{:.0f}"),
+        measured.add_row(safe(str(row["run"])), str(int(row["chips"])), _fmt(row["global_batch"], "{:.0f}"),
                          _fmt(row["per_core_batch"], "{:g}"), str(int(row["partition"])),
                          _fmt(row["epochs"], "{:.1f}"), _fmt(row["steps"], "{:.0f}"),
                          _fmt(row["step_time_ms"], "{:.2f}"), _fmt(row["eval_s"], "{:.1f}"),
@@ -107,7 +109,7 @@ def render_time_to_train(analysis: ScalingAnalysis, console: Console) -> None:
                             for p, v in step.get("c_s_per_example", {}).items())
     epochs = ttt.get("epochs", {})
     console.print(f"model: {ttt.get('model')}\n  step near the largest run: c = {per_example}, "
-                  f"d = {1e3 * step.get('d_s', float('nan')):.3f} ms ({escape(str(step.get('d_source')))}); "
+                  f"d = {1e3 * step.get('d_s', float('nan')):.3f} ms ({safe(str(step.get('d_source')))}); "
                   f"epochs(batch) logged at {epochs.get('batches')}: {epochs.get('epochs')}; "
                   f"examples per epoch {ttt.get('examples_per_epoch')}")
     projection = Table(title="projection (ESTIMATES from the time-to-train model, not measurements)")
@@ -130,7 +132,7 @@ def render_time_to_train(analysis: ScalingAnalysis, console: Console) -> None:
                            _fmt(row["per_core_throughput_rel_est"], "{:.1%}"))
     console.print(projection)
     for note, number in notes.items():
-        console.print(f"  [{number}] {escape(note)}")
+        console.print(f"  [{number}] {safe(note)}")
     holdout = analysis.holdout or {}
     if "relative_error" in holdout:
         console.print(f"held-out check (estimate): fitted on {holdout['fitted_on_chips']} chips, predicts "
@@ -163,7 +165,7 @@ def _render_limits(analysis: ScalingAnalysis, console: Console) -> None:
         else:
             gain = f"{remedy['gain_ms']:.3f} ms = {_fmt(remedy['fraction'], '{:.1%}')} of the step"
         console.print(f"  {remedy['remedy']} (catalog §{remedy['catalog']}) at {remedy['at_chips']} "
-                      f"chips: {gain} ({escape(remedy['model'])}; estimate)")
+                      f"chips: {gain} ({safe(remedy['model'])}; estimate)")
 
 
 def _render_trace_time_to_train(analysis: ScalingAnalysis, console: Console) -> None:
@@ -171,7 +173,7 @@ def _render_trace_time_to_train(analysis: ScalingAnalysis, console: Console) -> 
     ttt = analysis.time_to_train
     if not ttt:
         return
-    table = Table(title=f"time to train from these traces with {escape(ttt['from_logs'])}'s "
+    table = Table(title=f"time to train from these traces with {safe(ttt['from_logs'])}'s "
                         "epochs(batch) and evals (ESTIMATES)")
     for name in ("chips", "batch", "epochs", "step ms", "time to train s", "error (LOO, logs)"):
         table.add_column(name, justify="right")
@@ -190,9 +192,9 @@ def _render_joined(analysis: ScalingAnalysis, console: Console) -> None:
     table = Table(title="trace runs beside the MLPerf result of the same workload and chips")
     for name in ("trace run", "chips", "trace step ms", "logged step ms [est]", "logged steps",
                  "time to train from trace s [est]", "logged time to train s", "difference"):
-        table.add_column(escape(name), justify="left" if name == "trace run" else "right")
+        table.add_column(safe(name), justify="left" if name == "trace run" else "right")
     for row in analysis.joined:
-        table.add_row(escape(str(row["trace_run"])), str(row["chips"]), _fmt(row["trace_step_ms"], "{:.2f}"),
+        table.add_row(safe(str(row["trace_run"])), str(row["chips"]), _fmt(row["trace_step_ms"], "{:.2f}"),
                       _fmt(row["logged_step_ms_est"], "{:.2f}"), _fmt(row["logged_steps"], "{:.0f}"),
                       _fmt(row["time_to_train_from_trace_s_est"], "{:.1f}"),
                       _fmt(row["logged_time_to_train_s"], "{:.1f}"), _fmt(row["difference"], "{:+.1%}"))
@@ -206,14 +208,14 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
         return
     metric, unit = analysis.metric, analysis.unit
     categories = [c for c in CATEGORIES if c in analysis.measured]
-    title = f"{analysis.workload or 'scaling'}  ({analysis.batch_mode})"
+    title = f"{safe(analysis.workload or 'scaling')}  ({analysis.batch_mode})"
     measured = Table(title=f"{title}: measured")
     # "[ms]" would be rich markup: the unit and the share's base are spelled out instead
     for name in ["run", "chips", f"{metric}"] + [f"{c} {unit} · of step" for c in categories] + \
             ["efficiency", "speedup"]:
         measured.add_column(name, justify="left" if name == "run" else "right")
     for row in analysis.measured.to_dict(orient="records"):
-        measured.add_row(escape(str(row["run"])), str(int(row["chips"])), _fmt(row[metric]),
+        measured.add_row(safe(str(row["run"])), str(int(row["chips"])), _fmt(row[metric]),
                          *[f"{row[c]:.3f} {row[f'{c}_share']:.1%}" for c in categories],
                          _fmt(row["per_core_throughput_rel"], "{:.1%}"), _fmt(row["speedup"], "{:.2f}x"))
     console.print(measured)
@@ -254,7 +256,7 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
     for finding in analysis.findings:
         gain = finding["estimated_gain"]
         console.print(f"[bold]{finding['rule']}[/bold] ({finding['severity']}): "
-                      f"{escape(finding['evidence']['summary'])}"
+                      f"{safe(finding['evidence']['summary'])}"
                       f"\n  recommendation (catalog §{finding['catalog']}): {finding['recommendation']}\n"
                       f"  estimated gain: {gain['ms']:.3f} {unit} per step = {gain['fraction']:.1%} "
                       f"({gain['model']}; estimate)")
@@ -267,9 +269,8 @@ def mlperf_analyses(paths: list[Path], db_path: Path | None,
 
     frames = [summarize_paths(paths)] if paths else []
     if db_path is not None:
-        import duckdb
 
-        con = duckdb.connect(str(db_path), read_only=True)
+        con = open_database(db_path, read_only=True)
         try:
             frames.append(summarize_db(con))
         finally:
@@ -298,9 +299,8 @@ def _by_workload(runs: list[LoadedRun]) -> list[list[LoadedRun]]:
 
 
 def _db_trace_runs(db_path: Path) -> list[str]:
-    import duckdb
 
-    con = duckdb.connect(str(db_path), read_only=True)
+    con = open_database(db_path, read_only=True)
     try:
         return [str(r[0]) for r in con.execute(
             "SELECT run_id FROM runs WHERE source_format <> 'mlperf' ORDER BY run_id").fetchall()]
@@ -322,6 +322,7 @@ def _db_trace_runs(db_path: Path) -> list[str]:
               help="Write a self-contained HTML page with the charts here.")
 @click.option("--allow-mixed", "allow_mixed", is_flag=True,
               help="Fit runs of different workloads or platforms as one series anyway (with a warning).")
+@wait_option
 def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...], project: tuple[str, ...],
             json_path: Path | None, html_path: Path | None, allow_mixed: bool) -> None:
     """Scaling across runs of one workload at different chip counts (traces, DB runs or MLPerf logs).

@@ -13,9 +13,11 @@ from typing import Any
 
 import click
 import duckdb
+from tpuanalyze.reports.options import wait_option
 from tpuanalyze.store.database import connect
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.safe_text import json_escape_controls, plain, safe
 
 
 def _jsonable(value: Any) -> Any:
@@ -98,6 +100,7 @@ def run_query(db_path: str, query: str) -> tuple[list[str], list[tuple[Any, ...]
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
 )
+@wait_option
 def command(query: str, db_path: str, fmt: str) -> None:
     """Run QUERY against the trace database (read-only) and print the result.
 
@@ -127,11 +130,16 @@ def command(query: str, db_path: str, fmt: str) -> None:
                         record[n] = json.loads(v)
                     except ValueError:
                         pass
-        click.echo(json.dumps(records, indent=1, ensure_ascii=False))
+        # JSON escapes C0 controls itself; C1 and bidi controls too (the same data, no terminal codes)
+        click.echo(json_escape_controls(json.dumps(records, indent=1, ensure_ascii=False)))
     elif fmt == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(names)
-        writer.writerows(rows)
+        if sys.stdout.isatty():  # data for a person: control characters made visible
+            writer.writerow([plain(n) for n in names])
+            writer.writerows([[v if v is None else plain(v) for v in row] for row in rows])
+        else:  # data for a file or a program: as stored
+            writer.writerow(names)
+            writer.writerows(rows)
     else:
         from rich.console import Console
         from rich.table import Table
@@ -140,9 +148,9 @@ def command(query: str, db_path: str, fmt: str) -> None:
         for name, type_name in zip(names, types, strict=False):
             numeric = any(k in type_name for k in ("INT", "DOUBLE", "FLOAT", "DECIMAL"))
             # fold, never truncate: a query result must show every character of every value
-            table.add_column(name, justify="right" if numeric else "left", overflow="fold")
-        for row in rows:
-            table.add_row(*("NULL" if v is None else str(v) for v in row))
+            table.add_column(safe(name), justify="right" if numeric else "left", overflow="fold")
+        for row in rows:  # values are data: never markup, never terminal codes
+            table.add_row(*("NULL" if v is None else safe(v) for v in row))
         console = Console(soft_wrap=False)
         if not console.is_terminal:  # piped: as wide as the table wants, so rows stay on one line
             natural = Console(width=1_000_000).measure(table).maximum

@@ -32,6 +32,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from tpuanalyze.safe_text import safe
+
 
 class ProgressSink(Protocol):
     """What a long-running loop reports to; the quiet and the rich variants both satisfy it."""
@@ -79,7 +81,7 @@ class RichProgress(QuietProgress):
 
     def advance(self, steps: float = 1, note: str | None = None) -> None:
         super().advance(steps, note)
-        fields = {"note": note} if note is not None else {}
+        fields = {"note": safe(note)} if note is not None else {}  # a run name: data, not markup
         self._progress.update(self._task_id, advance=steps, **fields)
 
     def set_total(self, total: float | None) -> None:

@@ -24,6 +24,8 @@ from tpuanalyze.reports import view
 from tpuanalyze.reports.charts import CATEGORY_COLORS
 from tpuanalyze.reports.identity_view import identity_rows
 
+from tpuanalyze.safe_text import plain, safe
+
 WIDTH = 100
 BAR_WIDTH = 30
 TOP_OPS = 8
@@ -66,7 +68,7 @@ def header(summary: dict) -> Panel:
     grid.add_column()
     rows = identity_rows(summary) or [("device", str(summary.get("device_type") or "unknown"))]
     for label, text in rows:
-        grid.add_row(label, text)
+        grid.add_row(label, safe(text))  # workload labels come from the trace: data, not markup
     grid.add_row(
         "hosts / cores", f"{_count(summary.get('hosts'), 'host')} · {_count(summary.get('devices'), 'core')}"
     )
@@ -76,12 +78,13 @@ def header(summary: dict) -> Panel:
     if isinstance(overlapped, (int, float)) and overlapped:
         grid.add_row("overlapped", f"{overlapped:.1%} of wall time is collectives hidden under compute")
     for note in summary.get("notes") or []:
-        grid.add_row("note", Text(str(note), style="yellow"))
+        grid.add_row("note", Text(plain(note), style="yellow"))
     for warning in view.capture_warnings(summary):
-        grid.add_row("capture", Text(f"{warning.get('code')}: {warning.get('message')}", style="bold yellow"))
-    return Panel(
-        grid, title=f"[bold]run {summary.get('run', '?')}[/bold]", title_align="left", box=box.ROUNDED
-    )
+        grid.add_row(
+            "capture", Text(plain(f"{warning.get('code')}: {warning.get('message')}"), style="bold yellow")
+        )
+    title = Text(f"run {plain(summary.get('run', '?'))}", style="bold")
+    return Panel(grid, title=title, title_align="left", box=box.ROUNDED)
 
 
 def breakdown_table(summary: dict, steps: Any, per_core: Any = None) -> Table:
@@ -145,11 +148,11 @@ def worst_table(title: str, rows: Any, keys: list[str]) -> Table | Text | None:
     for record in rows.to_dict("records"):
         vs = record.get("vs_median")
         table.add_row(
-            *[str(record[k]) for k in keys],
+            *[safe(record[k]) for k in keys],
             _num(record["step_time_ms"]),
             _num(record.get("own_ms")),
             "–" if vs is None or vs != vs else f"{vs:+.1%}",
-            str(record.get("largest_excess") or ""),
+            safe(record.get("largest_excess") or ""),
         )
     return table
 
@@ -176,8 +179,8 @@ def ops_table(ops: Any) -> Table | None:
         share = record.get("share")
         achieved = record.get("achieved_fraction")
         table.add_row(
-            Text(str(record.get("name")), style=CATEGORY_COLORS.get(str(record.get("category")), "")),
-            view.framework_text(record, short_source=True),
+            Text(plain(record.get("name")), style=CATEGORY_COLORS.get(str(record.get("category")), "")),
+            safe(view.framework_text(record, short_source=True)),
             view.format_ms(record.get("self_time_ms")),
             "–" if not view.is_number(share) else f"{share:.1%}",
             view.format_intensity(record.get("operational_intensity")),
@@ -232,7 +235,7 @@ def findings_block(
     parts: list[Any] = [Text(title, style="bold underline")]
     for finding in findings:
         head = Text(f"{'└ ' if finding.depth else ''}{finding.label}. ")
-        head.append(finding.rule, style="bold")
+        head.append(plain(finding.rule), style="bold")
         head.append(f"  [{finding.severity}]", style=SEVERITY_STYLE.get(finding.severity, "bold"))
         if finding.caused_by:
             head.append(f"  caused by {finding.caused_by}", style="magenta")
@@ -249,12 +252,12 @@ def findings_block(
         grid.add_column(width=3 + 4 * finding.depth)
         grid.add_column(style="dim", width=15)
         grid.add_column(ratio=1, overflow="fold")
-        grid.add_row("", "evidence", finding.evidence_text or "–")
+        grid.add_row("", "evidence", safe(finding.evidence_text or "–"))
         if finding.evidence_items:
-            grid.add_row("", "measured", "; ".join(f"{k} {v}" for k, v in finding.evidence_items))
-        grid.add_row("", "recommendation", finding.recommendation or "–")
+            grid.add_row("", "measured", safe("; ".join(f"{k} {v}" for k, v in finding.evidence_items)))
+        grid.add_row("", "recommendation", safe(finding.recommendation or "–"))
         if finding.catalog:
-            grid.add_row("", "catalog", finding.catalog)
+            grid.add_row("", "catalog", safe(finding.catalog))
         if finding.sql:
             grid.add_row("", "reproduce", reproduce_text(len(finding.sql), database, show_sql))
         parts.append(grid)
@@ -337,14 +340,14 @@ def overview_table(analyses: Sequence[Any]) -> Table:
         breakdown = summary.get("breakdown") or {}
         findings = view.ranked_findings(view.run_findings(analysis))
         table.add_row(
-            str(summary.get("run")),
-            str(summary.get("device_type") or ""),
+            safe(summary.get("run")),
+            safe(summary.get("device_type") or ""),
             view.format_value(summary.get("devices")),
             view.format_ms((summary.get("step_time_ms") or {}).get("mean")),
             f"{float(breakdown.get('compute') or 0):.0%}",
             f"{float(breakdown.get('collectives') or 0):.0%}",
             f"{float(breakdown.get('input') or 0):.0%}",
-            findings[0].rule if findings else "none",
+            safe(findings[0].rule) if findings else "none",
         )
     return table
 

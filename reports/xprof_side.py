@@ -169,8 +169,9 @@ def _flag_text(metric: dict[str, Any]) -> str:
 def print_xprof(analyses: list[Any], console: Any) -> None:
     """One table per run: ours beside XProf's, differences over 5 points marked."""
     from rich import box
-    from rich.markup import escape
     from rich.table import Table
+
+    from tpuanalyze.safe_text import safe as escape  # markup and control characters
 
     for analysis in analyses:
         block = analysis.summary.get("xprof")

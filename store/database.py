@@ -2,12 +2,111 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import sys
+import time
 from importlib import resources
 from pathlib import Path
 
 import duckdb
 
 from tpuanalyze.errors import TpuAnalyzeError
+
+# How long a verb waits for another process holding the database (an ingest writing it, readers
+# while an ingest wants to write) before giving up: ``--wait SECONDS`` or TPUANALYZE_WAIT.
+DEFAULT_WAIT_SECONDS = 600.0
+_wait_seconds: float | None = None
+# Names DuckDB would not treat as a local file: in-memory databases and MotherDuck (network).
+_NOT_A_FILE = re.compile(r"^(:memory:|md:|motherduck:|[A-Za-z][A-Za-z0-9+.-]*://)", re.IGNORECASE)
+
+
+def set_wait_seconds(seconds: float | None) -> None:
+    """The lock wait of this process's later opens (None: TPUANALYZE_WAIT or the default)."""
+    global _wait_seconds
+    _wait_seconds = seconds
+
+
+def wait_seconds() -> float:
+    if _wait_seconds is not None:
+        return _wait_seconds
+    try:
+        return max(0.0, float(os.environ.get("TPUANALYZE_WAIT", DEFAULT_WAIT_SECONDS)))
+    except ValueError:
+        return DEFAULT_WAIT_SECONDS
+
+
+def check_db_path(db_path: str | Path) -> Path:
+    """The database path, refused when DuckDB would not read it as a local file (``:memory:`` keeps
+    nothing, ``md:``/``motherduck:`` and URLs go to the network)."""
+    text = str(db_path)
+    if _NOT_A_FILE.match(text):
+        raise TpuAnalyzeError("not a database file (in-memory and remote databases are not supported)", text)
+    if not text:
+        raise TpuAnalyzeError("empty database file name")
+    return Path(text)
+
+
+def _is_lock_conflict(exc: duckdb.Error) -> bool:
+    return "Could not set lock" in str(exc)
+
+
+def open_database(db_path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection to the file, waiting (bounded) while another process holds it.
+
+    DuckDB lets one process write a file or several read it, never both: a reader meeting an
+    ingest (or an ingest meeting a reader or another ingest) retries with backoff until the other
+    side closes, for up to ``wait_seconds()``, saying once on stderr that it waits. It thereby sees
+    the last committed state, never a half-loaded run. A writer also removes the spill directory
+    (``<db>.tmp``) a killed process may have left: holding the write lock, no one else uses it.
+    """
+    path = check_db_path(db_path)
+    if read_only and not path.exists():
+        raise TpuAnalyzeError("no such database file", str(path))
+    budget = wait_seconds()
+    deadline = time.monotonic() + budget
+    delay, said = 0.05, False
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+            break
+        except duckdb.Error as exc:
+            if not _is_lock_conflict(exc):
+                raise TpuAnalyzeError(f"cannot open database: {_first_line(exc)}", str(path)) from None
+            now = time.monotonic()
+            if now >= deadline:
+                raise TpuAnalyzeError(
+                    f"another process holds the database (still after waiting {budget:g} s; "
+                    "see --wait): " + _holder(exc),
+                    str(path),
+                ) from None
+            if not said:
+                doing = "read" if read_only else "write"
+                print(
+                    f"tpuanalyze: waiting to {doing} {path}: another process holds it "
+                    f"({_holder(exc)}); up to {budget:g} s (--wait)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                said = True
+            time.sleep(min(delay, max(0.0, deadline - now)))
+            delay = min(delay * 2, 1.0)
+    if not read_only:
+        _remove_stale_spill(path)
+    return con
+
+
+def _holder(exc: duckdb.Error) -> str:
+    match = re.search(r"held in (.*?) \(PID (\d+)\)", str(exc))
+    return f"PID {match.group(2)}, {Path(match.group(1)).name}" if match else "lock held"
+
+
+def _remove_stale_spill(path: Path) -> None:
+    """Remove ``<db>.tmp/`` left by a process killed while spilling (we hold the write lock)."""
+    spill = path.with_name(path.name + ".tmp")
+    if spill.is_dir() and not spill.is_symlink():
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 def schema_sql() -> str:
@@ -20,13 +119,12 @@ def connect(db_path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConn
 
     Read-only connections never create anything: a missing file is a ``TpuAnalyzeError``.
     """
-    path = Path(db_path)
-    if read_only and not path.exists():
-        raise TpuAnalyzeError("no such database file", str(path))
+    path = check_db_path(db_path)
+    con = open_database(path, read_only=read_only)
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
         con.execute("SET enable_progress_bar = false")  # never draw on the user's terminal
     except duckdb.Error as exc:
+        con.close()
         raise TpuAnalyzeError(f"cannot open database: {_first_line(exc)}", str(path)) from None
     if not read_only:
         try:

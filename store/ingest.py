@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import duckdb
 from tpuanalyze.parsers.chrome_json import ChromeJsonReader
 from tpuanalyze.parsers.discover import RunSource, discover_inputs
-from tpuanalyze.parsers.staging import HostReader
+from tpuanalyze.parsers.staging import MAX_SPAN_NS, HostReader
 from tpuanalyze.parsers.xspace import XSpaceReader
 from tpuanalyze.store.database import connect, delete_run, new_run_id
 from tpuanalyze.store.load import RunPlan, insert_run
 from tpuanalyze.store.names import unique_run_name
 
-from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 
 if TYPE_CHECKING:  # MLPerf tables are Arrow: imported only when MLPerf logs are ingested
     from tpuanalyze.parsers.mlperf import MlperfTables
@@ -125,7 +125,9 @@ class _Progress:
 
     def advance(self, task: int | None, amount: int = 1, description: str | None = None) -> None:
         if self.bar and task is not None:
-            kwargs = {"description": description} if description else {}
+            from tpuanalyze.safe_text import safe
+
+            kwargs = {"description": safe(description)} if description else {}  # file names: not markup
             self.bar.update(task, advance=amount, **kwargs)
 
 
@@ -144,6 +146,23 @@ def _validate_runs(sources: list[RunSource], bar: _Progress) -> list[list[_HostS
         slots[index[id(source)]].append(_HostSlot(source.source_format, path, host, keep))
         bar.advance(task, description=f"read {path.name}")
     return slots
+
+
+def _check_host_offsets(sources: list[RunSource], slots: list[list[_HostSlot]]) -> None:
+    """Refuse a run whose hosts start more than ``MAX_SPAN_NS`` apart (time policy, docs/input.md):
+    the far host would shift the run's time zero and every other host's events."""
+    for source, host_slots in zip(sources, slots, strict=True):
+        timed = sorted((h.t0_ns, str(h.path)) for h in host_slots if h.t0_ns is not None)
+        if len(timed) < 2 or timed[-1][0] - timed[0][0] <= MAX_SPAN_NS:
+            continue
+        median = timed[len(timed) // 2][0]
+        far = timed[0] if median - timed[0][0] > timed[-1][0] - median else timed[-1]
+        days = abs(far[0] - median) / 86_400e9
+        raise TraceFormatError(
+            f"starts {days:,.1f} days away from the other hosts of run {source.name!r} "
+            "(the hosts of a run must start within 7 days of each other)",
+            far[1],
+        )
 
 
 def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = False) -> IngestSummary:
@@ -174,13 +193,21 @@ def ingest_paths(paths: list[str | Path], db_path: str | Path, progress: bool = 
                 plan.fixed_t0 = min(t0s) if t0s else None
             return plans
 
+        _check_host_offsets(sources, slots)
         total = sum(h.num_events for host_slots in slots for h in host_slots)
         task = bar.task("loading", total)
-        _store(make_plans, mlperf, db_path, summary, lambda n: bar.advance(task, n))
-    _install_views(db_path, summary)
+        # One connection for the load and the views: the write lock is held from the first
+        # statement to the last, so no other process can slip in between (and make an ingest
+        # that committed fail on its views).
+        con = connect(db_path)
+        try:
+            _store(make_plans, mlperf, con, db_path, summary, lambda n: bar.advance(task, n))
+            _install_views(con, summary)
+        finally:
+            con.close()
     summary.runs = len(sources) + summary.mlperf_runs
     summary.hosts = sum(len(host_slots) for host_slots in slots)
-    summary.notes = summary.run_notes + summary.notes
+    summary.notes = inputs.notes + summary.run_notes + summary.notes
     summary.seconds = time.perf_counter() - started
     return summary
 
@@ -206,6 +233,7 @@ class _OutOfMemory(Exception):
 def _store(
     make_plans: Callable[[], list[RunPlan]],
     mlperf: MlperfTables | None,
+    con: duckdb.DuckDBPyConnection,
     db_path: str | Path,
     summary: IngestSummary,
     on_batch,
@@ -221,12 +249,12 @@ def _store(
     xspace_only = all(plan.source_format == "xspace" for plan in plans)
     limit = LOAD_MEMORY_LIMIT if xspace_only else JSON_MEMORY_LIMIT
     try:
-        _store_direct(plans, mlperf, db_path, summary, on_batch, limit)
+        _store_direct(plans, mlperf, con, db_path, summary, on_batch, limit)
     except _OutOfMemory:
         summary.notes.append(
             f"DuckDB ran out of its {limit} load buffer; loaded again with {RETRY_MEMORY_LIMIT}"
         )
-        _store_direct(make_plans(), mlperf, db_path, summary, on_batch, RETRY_MEMORY_LIMIT)
+        _store_direct(make_plans(), mlperf, con, db_path, summary, on_batch, RETRY_MEMORY_LIMIT)
 
 
 def _store_mlperf(
@@ -259,7 +287,7 @@ def _reset_counts(summary: IngestSummary) -> None:
     summary.mlperf_runs = summary.mlperf_results = summary.mlperf_intervals = 0
 
 
-def _install_views(db_path: str | Path, summary: IngestSummary) -> None:
+def _install_views(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> None:
     """(Re)create the analyzer's attribution views (step_breakdown, device_breakdown, collective_time,
     op_steps, att_*) so findings' evidence SQL runs on this database. Views only, no data copied.
 
@@ -276,8 +304,8 @@ def _install_views(db_path: str | Path, summary: IngestSummary) -> None:
     fingerprint = "tpuanalyze views " + hashlib.sha1(
         json.dumps(view_sql(config), sort_keys=True).encode()
     ).hexdigest()[:16]
-    con = connect(db_path)
     try:
+        con.execute(f"SET memory_limit = '{RETRY_MEMORY_LIMIT}'")
         present = con.execute(
             "SELECT view_name, comment FROM duckdb_views() "
             "WHERE database_name = current_database() AND NOT temporary AND list_contains(?, view_name)",
@@ -292,11 +320,20 @@ def _install_views(db_path: str | Path, summary: IngestSummary) -> None:
             con.execute(f"COMMENT ON VIEW step_breakdown IS '{fingerprint}'")
             con.execute("COMMIT")
             summary.views = views
-        except duckdb.Error as exc:
-            con.execute("ROLLBACK")
-            summary.notes.append(f"attribution views not installed: {_first_line(exc)}")
-    finally:
-        con.close()
+        except duckdb.Error:
+            _rollback(con)
+            raise
+    except duckdb.Error as exc:  # the runs are committed: the call still succeeds
+        summary.notes.append(f"attribution views not installed: {_first_line(exc)}")
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back if a transaction is still open; a failed COMMIT (disk full) has already ended it,
+    and its error, not "cannot rollback", is the one to report."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
 
 
 def _first_line(exc: BaseException) -> str:
@@ -307,42 +344,41 @@ def _first_line(exc: BaseException) -> str:
 def _store_direct(
     plans: list[RunPlan],
     mlperf: MlperfTables | None,
+    con: duckdb.DuckDBPyConnection,
     db_path: str | Path,
     summary: IngestSummary,
     on_batch,
     memory_limit: str,
 ) -> None:
-    con = connect(db_path)
+    con.execute(f"SET memory_limit = '{memory_limit}'")
+    con.execute("BEGIN TRANSACTION")
     try:
-        con.execute(f"SET memory_limit = '{memory_limit}'")
-        con.execute("BEGIN TRANSACTION")
-        try:
-            for plan in plans:
-                # a re-ingested source keeps its run_id (saved `db:4` references stay valid) and name
-                old_ids = _delete_previous(con, plan, summary)
-                run_id = old_ids[0] if old_ids else new_run_id(con)
-                plan.name = unique_run_name(con, plan.source_path)
-                plan.notes = [f"{plan.name}: {note}" for note in plan.notes]
-                counts = insert_run(con, plan, run_id, on_batch)
-                summary.run_ids.append(run_id)
-                summary.names.append(plan.name)
-                summary.run_notes.extend(plan.notes)
-                summary.planes += counts.planes
-                summary.events += counts.events
-            _store_mlperf(con, mlperf, summary)
-            con.execute("COMMIT")
-        except BaseException as exc:
-            con.execute("ROLLBACK")
-            _reset_counts(summary)
-            if isinstance(exc, duckdb.OutOfMemoryException) and memory_limit != RETRY_MEMORY_LIMIT:
-                raise _OutOfMemory() from None
-            if isinstance(exc, duckdb.Error):
-                raise TpuAnalyzeError(
-                    f"loading failed, database unchanged: {_first_line(exc)}", str(db_path)
-                ) from None
-            raise
-    finally:
-        con.close()
+        for plan in plans:
+            # a re-ingested source keeps its run_id (saved `db:4` references stay valid) and name
+            old_ids = _delete_previous(con, plan, summary)
+            run_id = old_ids[0] if old_ids else new_run_id(con)
+            plan.name = unique_run_name(con, plan.source_path)
+            plan.notes = [f"{plan.name}: {note}" for note in plan.notes]
+            counts = insert_run(con, plan, run_id, on_batch)
+            summary.run_ids.append(run_id)
+            summary.names.append(plan.name)
+            summary.run_notes.extend(plan.notes)
+            summary.planes += counts.planes
+            summary.events += counts.events
+        _store_mlperf(con, mlperf, summary)
+        con.execute("COMMIT")
+    except BaseException as exc:
+        _rollback(con)
+        _reset_counts(summary)
+        if isinstance(exc, duckdb.OutOfMemoryException) and memory_limit != RETRY_MEMORY_LIMIT:
+            raise _OutOfMemory() from None
+        if isinstance(exc, duckdb.InterruptException):  # Ctrl-C inside a statement: exit 130
+            raise KeyboardInterrupt() from None
+        if isinstance(exc, duckdb.Error):
+            raise TpuAnalyzeError(
+                f"loading failed, database unchanged: {_first_line(exc)}", str(db_path)
+            ) from None
+        raise
 
 
 def _delete_previous(con: duckdb.DuckDBPyConnection, plan: RunPlan, summary: IngestSummary) -> list[int]:

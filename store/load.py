@@ -325,36 +325,34 @@ _DONE = object()
 
 
 def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData, Iterator[EventBatch]]]:
-    """The reader's planes and batches, decoded in a background thread while DuckDB inserts.
+    """The reader's planes, each with its batches decoded in a background thread while DuckDB
+    inserts (numpy and DuckDB release the GIL in their kernels, so the two overlap).
 
-    numpy and DuckDB release the GIL in their kernels, so decoding the next batch overlaps
-    with inserting this one. Reader errors are re-raised here, in the caller's thread.
+    A plane without events gets no thread: handing planes between threads cost ~0.5 ms each
+    (GIL switches), which made a file of many empty planes slow. Reader errors are re-raised
+    here, in the caller's thread.
     """
+    for plane in reader.planes():
+        if not plane.info.num_events:
+            yield plane, plane.batches
+        else:
+            yield plane, _decoded_ahead(plane.batches, depth)
+
+
+def _decoded_ahead(source: Iterator[EventBatch], depth: int) -> Iterator[EventBatch]:
+    """``source``'s batches, decoded up to ``depth`` ahead in a background thread."""
     items: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
     def produce() -> None:
         try:
-            for plane in reader.planes():
-                items.put(("plane", plane))
-                for batch in plane.batches:
-                    if stop.is_set():
-                        return
-                    items.put(("batch", batch))
-                items.put(("end", None))
+            for batch in source:
+                if stop.is_set():
+                    return
+                items.put(("batch", batch))
             items.put((_DONE, None))
         except BaseException as exc:  # handed to the consumer
             items.put(("error", exc))
-
-    def batches() -> Iterator[EventBatch]:
-        while True:
-            kind, value = items.get()
-            if kind == "batch":
-                yield value
-            elif kind == "error":
-                raise value
-            else:
-                return
 
     thread = threading.Thread(target=produce, name="tpuanalyze-decode", daemon=True)
     thread.start()
@@ -365,7 +363,7 @@ def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData,
                 raise value
             if kind is _DONE:
                 return
-            yield value, batches()
+            yield value
     finally:
         stop.set()
         while thread.is_alive():  # unblock a producer waiting on a full queue
@@ -407,6 +405,7 @@ class _PlaneTables:
     """
 
     FLUSH_ROWS = 4096
+    FLUSH_PLANES = 512  # planes without lines or metadata add no rows: bounded by count too
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: int, host: str) -> None:
         self.con, self.params = con, {"run_id": run_id, "host": host}
@@ -420,9 +419,10 @@ class _PlaneTables:
         self.planes.append(plane.info)
         for parts, columns in ((self.lines, plane.lines), (self.metadata, plane.metadata)):
             rows = len(next(iter(columns.values())))
-            parts.append({**columns, "plane_index": np.full(rows, index, dtype=np.int32)})
-            self.rows += rows
-        if self.rows >= self.FLUSH_ROWS:
+            if rows:  # an empty plane adds nothing here
+                parts.append({**columns, "plane_index": np.full(rows, index, dtype=np.int32)})
+                self.rows += rows
+        if self.rows >= self.FLUSH_ROWS or len(self.planes) >= self.FLUSH_PLANES:
             self.flush()
 
     def flush(self) -> None:
@@ -437,8 +437,10 @@ class _PlaneTables:
             else:
                 planes.update(nullable_columns(column, values, kind))
         _run_with(self.con, _INSERT_PLANES, self.params, planes=planes)
-        _run_with(self.con, _INSERT_LINES, self.params, lines=_concat(self.lines))
-        _run_with(self.con, _INSERT_METADATA, self.params, metadata=_concat(self.metadata))
+        if self.lines:
+            _run_with(self.con, _INSERT_LINES, self.params, lines=_concat(self.lines))
+        if self.metadata:
+            _run_with(self.con, _INSERT_METADATA, self.params, metadata=_concat(self.metadata))
         self.planes, self.lines, self.metadata, self.rows = [], [], [], 0
 
 

@@ -45,13 +45,36 @@ def sample_traces() -> Path:
 XPROF_PYTHON = os.environ.get("TPUANALYZE_XPROF_PYTHON", "/opt/xprofvenv/bin/python")
 
 
+# Under CI (CI=true) the independent cross-checks (headless chromium, XProf) must run: a missing
+# tool fails the test instead of skipping it, so CI cannot go green without them.
+IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def missing_tool(reason: str) -> None:
+    """Skip the calling test for a missing independent tool, or fail it under CI=true."""
+    if IN_CI:
+        pytest.fail(f"CI=true but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def xprof_python() -> str:
-    """Path of a python that imports xprof, or skip the calling test with the reason."""
+    """Path of a python that imports xprof, or skip the calling test with the reason (fail under CI)."""
     if HAS_XPROF:
         return sys.executable
     if not Path(XPROF_PYTHON).exists():
-        pytest.skip(f"no xprof interpreter at {XPROF_PYTHON} (set TPUANALYZE_XPROF_PYTHON)")
+        missing_tool(f"no xprof interpreter at {XPROF_PYTHON} (set TPUANALYZE_XPROF_PYTHON)")
     return XPROF_PYTHON
+
+
+@pytest.fixture
+def chromium() -> str:
+    """The headless chromium binary, or skip the test (fail under CI=true)."""
+    from tpuanalyze.reports import browser
+
+    found = browser.find_chromium()
+    if found is None:
+        missing_tool("headless chromium not installed (apt-get install chromium)")
+    return found
 
 
 class CliResult(NamedTuple):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import xprof_python
+from conftest import missing_tool, xprof_python
 from tpuanalyze.analyzer.api import analyze_run
 from tpuanalyze.store.ingest import ingest_paths
 
@@ -45,7 +45,7 @@ def _xprof(paths: list[Path]) -> dict:
     python = xprof_python()
     probe = subprocess.run([python, "-c", "import xprof"], capture_output=True)
     if probe.returncode:
-        pytest.skip(f"xprof is not importable by {python}")
+        missing_tool(f"xprof is not importable by {python}")
     proc = subprocess.run([python, "-c", XPROF_SCRIPT, *map(str, paths)], capture_output=True,
                           text=True, timeout=300)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("XPROF_JSON")), None)

@@ -9,7 +9,9 @@ for them (importing every verb up front cost ~50 MB of peak memory and 0.5 s per
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 
 import click
 
@@ -54,24 +56,68 @@ def cli() -> None:
     """Trace-driven performance analysis of ML training on TPU pods."""
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so every ``with``/``finally`` cleans up (temporary
+    databases and report folders, the open transaction) before the process exits."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Ctrl-C: Python's KeyboardInterrupt, or DuckDB's interrupted query (which it may re-raise
+    as its own error type, or as a RuntimeError "Query interrupted")."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    import duckdb
+
+    return isinstance(exc, duckdb.InterruptException) or (
+        isinstance(exc, RuntimeError) and "interrupted" in str(exc).lower()
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: bad input becomes one line on stderr and exit status 2."""
+    """Entry point: bad input becomes one line on stderr and exit status 2; Ctrl-C exits 130 and
+    SIGTERM 143, both without a traceback and after cleaning up."""
+    database = sys.modules.get("tpuanalyze.store.database")
+    if database is not None:  # a --wait of an earlier in-process call does not carry over
+        database.set_wait_seconds(None)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         # Without standalone mode click returns a verb's exit code (e.g. compare's 1) instead of exiting.
         rc = cli.main(args=argv, prog_name="tpuanalyze", standalone_mode=False)
     except TpuAnalyzeError as exc:
-        click.echo(f"tpuanalyze: error: {exc}", err=True)
+        click.echo(f"tpuanalyze: error: {_one_line(str(exc))}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("tpuanalyze: aborted", err=True)
+    except click.exceptions.Abort:  # click's form of Ctrl-C (KeyboardInterrupt inside a verb)
+        click.echo("tpuanalyze: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
         sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except _Terminated:
+        click.echo("tpuanalyze: terminated", err=True)
+        sys.exit(143)
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        click.echo("tpuanalyze: interrupted", err=True)
+        sys.exit(130)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if isinstance(rc, int) and rc:
         sys.exit(rc)
+
+
+def _one_line(text: str) -> str:
+    """An error as one terminal line: control characters (newlines, escape codes) made visible."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,28 @@
+"""Options shared by the verbs that open a database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+
+def _set_wait(ctx: click.Context, param: click.Parameter, value: float | None) -> None:
+    if value is not None:
+        from tpuanalyze.store.database import set_wait_seconds
+
+        set_wait_seconds(value)
+
+
+def wait_option(command: Any) -> Any:
+    """``--wait SECONDS``: how long to wait for another process holding the database (an ingest
+    writing it; readers while ingesting), docs/concurrency.md."""
+    return click.option(
+        "--wait",
+        type=click.FloatRange(min=0),
+        default=None,
+        expose_value=False,
+        callback=_set_wait,
+        metavar="SECONDS",
+        help="Wait up to SECONDS for another process using the database (default 600, or TPUANALYZE_WAIT).",
+    )(command)

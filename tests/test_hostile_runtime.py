@@ -1,0 +1,270 @@
+"""Hostile conditions around the readers, through the real CLI in processes of their own: trace
+names that look like terminal markup or escape codes, a full disk, Ctrl-C, SIGTERM, kill -9, and
+several processes on one database (docs/concurrency.md)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import run_cli
+from test_hostile_input import RUN, TRACE_JSON, XSPACE, cli, state
+from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze import generator
+from tpuanalyze.safe_text import plain, safe
+
+HOSTILE = ["[/x]", "[memory]", "[link=https://evil.example/]click[/link]", "\x1b[31mred\x1b[0m", "[bold]b"]
+
+
+def popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tpuanalyze.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+# ------------------------------------------------------------------ trace text is data, never markup
+
+
+def hostile_trace(tmp_path: Path) -> Path:
+    """The bundled JAX CPU capture (Chrome JSON) with every op name prefixed by markup/escape codes."""
+    doc = json.loads(gzip.decompress(TRACE_JSON.read_bytes()))
+    for i, event in enumerate(e for e in doc["traceEvents"] if e.get("ph") == "X"):
+        event["name"] = HOSTILE[i % len(HOSTILE)] + str(event.get("name"))
+        args = event.get("args") or {}
+        if "hlo_op" in args:  # the op name the analyzer reports
+            args["hlo_op"] = HOSTILE[hash(args["hlo_op"]) % len(HOSTILE)] + args["hlo_op"]
+    path = tmp_path / "hostile.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return path
+
+
+def test_safe_text_escapes_markup_and_control_characters() -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    for text in [*HOSTILE, "ends in \\", "a\u202eb", "x\x9by", "tab\there"]:
+        rendered = Text.from_markup(safe(text)).plain
+        assert rendered == plain(text)
+        assert not any(ord(c) < 32 or 0x7F <= ord(c) <= 0x9F for c in rendered)
+    console = Console(record=True, width=200)
+    console.print(safe("[/x] [memory] [link=https://e.example]y[/link]"))
+    assert "[/x] [memory] [link=https://e.example]y[/link]" in console.export_text()
+
+
+def test_report_and_sql_print_hostile_names_literally(tmp_path: Path) -> None:
+    trace = hostile_trace(tmp_path)
+    db = tmp_path / "h.duckdb"
+    out = tmp_path / "r.json"
+    result = cli("report", str(trace), "--db", str(db), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.exists() and json.loads(out.read_text())
+    assert "\x1b" not in result.stdout and "\x1b" not in result.stderr
+    shown = [h for h in ("[/x]", "[memory]", "[link=https://evil.example/]", "[bold]b") if h in result.stdout]
+    assert shown, result.stdout  # the top ops carry the names, printed as they are
+    assert "\\x1b[31mred" in result.stdout or "[/x]" in result.stdout
+    sql = cli(
+        "sql",
+        "SELECT DISTINCT name FROM events WHERE name LIKE '[%' OR name LIKE '%red%' ORDER BY name",
+        "--db",
+        str(db),
+    )
+    assert sql.returncode == 0, sql.stderr
+    for text in ("[/x]", "[memory]", "[link=https://evil.example/]click[/link]", "\\x1b[31mred\\x1b[0m"):
+        assert text in sql.stdout, sql.stdout
+    assert "\x1b" not in sql.stdout
+    as_json = cli(
+        "sql", "SELECT DISTINCT name FROM events WHERE name LIKE '%red%'", "--db", str(db), "--format", "json"
+    )
+    assert "\x1b" not in as_json.stdout and "\\u001b[31mred" in as_json.stdout
+    assert any("\x1b[31mred" in r["name"] for r in json.loads(as_json.stdout))  # the data is intact
+
+
+def test_mlperf_and_ingest_notes_print_hostile_paths_literally(tmp_path: Path, shared_mlperf: Path) -> None:
+    source = sorted(shared_mlperf.rglob("result_0.txt"))[-1]
+    folder = tmp_path / "v0.7" / "tpu-v3-32-[/x]" / "[memory]bench"
+    folder.mkdir(parents=True)
+    (folder / "result_0.txt").write_text(source.read_text())
+    result = cli("mlperf", str(folder))
+    assert result.returncode == 0, result.stderr
+    assert "[memory]bench" in result.stdout and "[/x]" in result.stdout
+    walk = tmp_path / "walk"
+    walk.mkdir()
+    (walk / "vm.xplane.pb").write_bytes(XSPACE.read_bytes())
+    os.mkfifo(walk / "\x1b[31m[memory].xplane.pb")
+    result = cli("ingest", str(walk), "--db", str(tmp_path / "w.duckdb"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "\\x1b[31m[memory].xplane.pb: skipped" in result.stderr and "\x1b" not in result.stderr
+
+
+# ------------------------------------------------------------------ crash paths
+
+
+def _limit_file_size(limit: int):
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail (EFBIG), like a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_disk_full_at_commit_is_one_line_and_the_database_unchanged(tmp_path: Path, pod32: Path) -> None:
+    db = tmp_path / "full.duckdb"
+    ingest_paths([XSPACE], db)
+    before = state(db)
+    result = subprocess.run(
+        [sys.executable, "-m", "tpuanalyze.cli", "ingest", str(pod32), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_file_size(db.stat().st_size + 256 * 1024),
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "cannot rollback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tpuanalyze: error: {db}"), result.stderr
+    assert "database unchanged" in lines[0] and "File too large" in lines[0]
+    assert state(db) == before
+    assert run_cli("ingest", str(TRACE_JSON), "--db", str(db)).returncode == 0  # and it still works
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _report_dirs(tmpdir: Path) -> list[Path]:
+    return sorted(tmpdir.glob("tpuanalyze-report-*"))
+
+
+@pytest.mark.parametrize(
+    "signum,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_ctrl_c_and_sigterm_during_report(
+    tmp_path: Path, pod32: Path, signum: int, code: int, word: str
+) -> None:
+    """Exit 130 (Ctrl-C) or 143 (SIGTERM), one line, no traceback, and the temporary database gone."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    run = pod32
+    proc = popen("report", str(run), env={"TMPDIR": str(tmpdir)})
+    assert _wait_for(lambda: bool(_report_dirs(tmpdir)) or proc.poll() is not None)
+    time.sleep(0.5)  # inside the ingest
+    assert proc.poll() is None, "report finished before the signal: the test proves nothing"
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == f"tpuanalyze: {word}", err
+    assert _report_dirs(tmpdir) == []
+
+
+def test_leftovers_of_a_kill_9_are_cleaned_on_the_next_run(tmp_path: Path, pod32: Path) -> None:
+    db = tmp_path / "k.duckdb"
+    ingest_paths([XSPACE], db)
+    before = state(db)
+    proc = popen("ingest", str(pod32), "--db", str(db))
+    assert _wait_for(lambda: _locked(db) or proc.poll() is not None)
+    time.sleep(1.0)
+    proc.kill()
+    proc.communicate()
+    assert state(db) == before  # the transaction never committed
+    spill = tmp_path / "k.duckdb.tmp"  # what a kill -9 while DuckDB spills leaves behind
+    spill.mkdir(exist_ok=True)
+    (spill / "duckdb_temp_storage-0.tmp").write_bytes(b"\0" * 4096)
+    result = run_cli("ingest", str(TRACE_JSON), "--db", str(db))
+    assert result.returncode == 0, result.stderr
+    assert not spill.exists()
+    assert len(state(db)[0]) == 2
+
+
+# ------------------------------------------------------------------ concurrency
+
+
+@pytest.fixture(scope="module")
+def pod32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated 32-host run (small: 2 steps, ~24 MB): its ingest takes long enough to meet."""
+    out = tmp_path_factory.mktemp("pod32")
+    return Path(generator.generate(model="resnet50", chips=128, hosts=32, steps=2, out=out))
+
+
+def _locked(db: Path) -> bool:
+    """Another process holds the database (an ingest writing it)."""
+    if not db.exists():
+        return False
+    try:
+        duckdb.connect(str(db), read_only=True).close()
+    except duckdb.Error as exc:
+        return "Could not set lock" in str(exc)
+    return False
+
+
+def test_a_reader_during_a_32_host_ingest_waits_and_answers(tmp_path: Path, pod32: Path) -> None:
+    db = tmp_path / "c.duckdb"
+    ingest_paths([XSPACE], db)
+    ingest = popen("ingest", str(pod32), "--db", str(db))
+    assert _wait_for(lambda: _locked(db) or ingest.poll() is not None)
+    assert ingest.poll() is None, "the ingest ended before a reader could meet it"
+    impatient = cli("sql", "SELECT count(*) FROM runs", "--db", str(db), "--wait", "0")
+    reader = cli("sql", "SELECT count(*) AS n FROM runs", "--db", str(db), "--format", "csv", "--wait", "300")
+    out, err = ingest.communicate(timeout=300)
+    assert ingest.returncode == 0, err
+    assert "ingested 1 run(s)" in out
+    # the reader waited for the commit (saying so) and then saw it; never "Could not set lock"
+    assert reader.returncode == 0, reader.stderr
+    assert "waiting to read" in reader.stderr and "Could not set lock" not in reader.stderr
+    assert reader.stdout.splitlines()[1] == "2"
+    # --wait 0: one line, naming the database and the option
+    assert impatient.returncode == 2, impatient.stderr
+    assert impatient.stderr.strip().splitlines()[-1].startswith(f"tpuanalyze: error: {db}: another process")
+    assert "--wait" in impatient.stderr
+
+
+def test_two_ingests_both_land(tmp_path: Path, pod32: Path) -> None:
+    db = tmp_path / "two.duckdb"
+    first = popen("ingest", str(pod32), "--db", str(db))
+    assert _wait_for(lambda: _locked(db) or first.poll() is not None)
+    second = popen("ingest", str(RUN), "--db", str(db))
+    out2, err2 = second.communicate(timeout=300)
+    out1, err1 = first.communicate(timeout=300)
+    assert first.returncode == 0, err1
+    assert second.returncode == 0, err2
+    assert "waiting to write" in err2  # it queued behind the first
+    con = duckdb.connect(str(db), read_only=True)
+    runs = con.execute("SELECT source_path, num_hosts FROM runs ORDER BY run_id").fetchall()
+    views = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'step_breakdown'").fetchone()[
+        0
+    ]
+    con.close()
+    assert sorted(runs) == sorted([(str(pod32.resolve()), 32), (str(RUN.resolve()), 1)])
+    assert views == 1  # each ingest's exit status 0 means its run and its views are committed
+
+
+def test_ctrl_c_during_the_analysis_of_a_database(tmp_path: Path, pod32: Path) -> None:
+    """Ctrl-C while DuckDB runs the analyzer's queries (was: "RuntimeError: Query interrupted")."""
+    db = tmp_path / "a.duckdb"
+    ingest_paths([pod32], db)
+    proc = popen("report", str(db))
+    time.sleep(1.5)  # past start-up, into the queries (a 32-host report takes several seconds)
+    assert proc.poll() is None, "report finished before the signal: the test proves nothing"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "tpuanalyze: interrupted", err
