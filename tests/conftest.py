@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import io
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -100,3 +101,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
         except SystemExit as exc:
             code = int(exc.code or 0)
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def run_cli_process(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
+                    **kwargs) -> subprocess.CompletedProcess:
+    """The real `tpuanalyze` command in a process of its own (piped: exit status and stderr as a shell
+    sees them); ``env`` adds to the environment, other keywords go to subprocess.run."""
+    return subprocess.run([sys.executable, "-m", "tpuanalyze.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, check=False, **kwargs)

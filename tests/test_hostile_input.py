@@ -9,8 +9,6 @@ import gzip
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
-from conftest import PROJECT_ROOT, SHARED_TRACES, run_cli
+from conftest import PROJECT_ROOT, SHARED_TRACES, run_cli, run_cli_process
 from tpuanalyze.parsers import wire
 from tpuanalyze.store.ingest import ingest_paths
 
@@ -32,19 +30,7 @@ KINETO = SHARED_TRACES / "chrome_json" / "kineto_nccl_rank0.json.gz"
 DAY_US = 86_400e6
 
 
-def cli(
-    *args: str, timeout: float = 300, env: dict[str, str] | None = None, **kwargs
-) -> subprocess.CompletedProcess:
-    """The real command in a process of its own (exit status and stderr as a shell sees them)."""
-    return subprocess.run(
-        [sys.executable, "-m", "tpuanalyze.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
-        **kwargs,
-    )
+cli = run_cli_process
 
 
 def state(db: Path) -> tuple:

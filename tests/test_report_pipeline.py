@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT
+from conftest import PROJECT_ROOT, run_cli_process
 from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator
@@ -28,19 +26,10 @@ atexit.register(shutil.rmtree, _RUN_DIR, ignore_errors=True)
 JAX_CPU = PROJECT_ROOT / "sample_traces" / "jax_cpu"
 
 
-def cli(
-    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    """Run the real `tpuanalyze` command (piped: stdout/stderr are not terminals)."""
-    return subprocess.run(
-        [sys.executable, "-m", "tpuanalyze.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd or _RUN_DIR,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
+def cli(*args: str, cwd: Path | None = None, timeout: float = 300,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the real `tpuanalyze` command (piped: stdout/stderr are not terminals), in a scratch folder."""
+    return run_cli_process(*args, cwd=cwd or _RUN_DIR, timeout=timeout, env=env)
 
 
 @cache
