@@ -61,8 +61,21 @@ class _Terminated(BaseException):
     databases and report folders, the open transaction) before the process exits."""
 
 
+_SIGTERM_RECEIVED = threading.Event()
+_SIGINT_RECEIVED = threading.Event()
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
+    # Remembered first: when the signal lands inside a DuckDB query, DuckDB swallows this exception
+    # and raises its own "interrupted" error, which must still exit 143, not 130.
+    _SIGTERM_RECEIVED.set()
     raise _Terminated()
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    # As for SIGTERM: an error that a swallowed KeyboardInterrupt leaves behind is still Ctrl-C.
+    _SIGINT_RECEIVED.set()
+    raise KeyboardInterrupt()
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -83,36 +96,58 @@ def main(argv: list[str] | None = None) -> None:
     database = sys.modules.get("tpuanalyze.store.database")
     if database is not None:  # a --wait of an earlier in-process call does not carry over
         database.set_wait_seconds(None)
-    previous = None
+    previous = previous_int = None
+    _SIGTERM_RECEIVED.clear()
+    _SIGINT_RECEIVED.clear()
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            previous_int = signal.signal(signal.SIGINT, _on_sigint)
     try:
         # Without standalone mode click returns a verb's exit code (e.g. compare's 1) instead of exiting.
         rc = cli.main(args=argv, prog_name="tpuanalyze", standalone_mode=False)
     except TpuAnalyzeError as exc:
+        if _signalled():  # the error is what the signal left behind, not the input's fault
+            _exit_interrupted()
         click.echo(f"tpuanalyze: error: {_one_line(str(exc))}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:  # click's form of Ctrl-C (KeyboardInterrupt inside a verb)
-        click.echo("tpuanalyze: interrupted", err=True)
-        sys.exit(130)
+        _exit_interrupted()
     except click.ClickException as exc:
+        if _signalled():
+            _exit_interrupted()
         exc.show()
         sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except _Terminated:
-        click.echo("tpuanalyze: terminated", err=True)
-        sys.exit(143)
+        _exit_interrupted()
     except BaseException as exc:
-        if not _interrupted(exc):
+        if not (_interrupted(exc) or _signalled()):
             raise
-        click.echo("tpuanalyze: interrupted", err=True)
-        sys.exit(130)
+        _exit_interrupted()
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
+    if _signalled():  # a signal DuckDB swallowed while the verb still finished
+        _exit_interrupted()
     if isinstance(rc, int) and rc:
         sys.exit(rc)
+
+
+def _signalled() -> bool:
+    return _SIGTERM_RECEIVED.is_set() or _SIGINT_RECEIVED.is_set()
+
+
+def _exit_interrupted() -> None:
+    """Exit 143 when SIGTERM arrived (whatever exception it surfaced as), else 130 (Ctrl-C)."""
+    if _SIGTERM_RECEIVED.is_set():
+        click.echo("tpuanalyze: terminated", err=True)
+        sys.exit(143)
+    click.echo("tpuanalyze: interrupted", err=True)
+    sys.exit(130)
 
 
 def _one_line(text: str) -> str:
