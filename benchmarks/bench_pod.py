@@ -1,0 +1,176 @@
+"""Benchmark: `tpuanalyze report DIR` on generated pod runs of 64 to 512 hosts, beside XProf's overview.
+
+    python benchmarks/bench_pod.py [--hosts 64,128,256,512] [--cache /tmp/tpuanalyze_pod] [--no-xprof]
+
+For each host count, a ResNet-50 run of the 4096-chip pod (`tpuanalyze generate --chips 4096 --hosts N`:
+the same pod, N of its hosts written, so every host file holds the same work) is generated once under
+the cache folder and reused by later runs. Each measured job runs in its own child process, timed and
+measured alone (wall seconds, CPU seconds and peak RSS from ``os.wait4``):
+
+- ``report DIR``: ours end to end from the raw files (ingest + analysis), the database kept in the cache;
+- ``report DB``: ours, the analysis alone on that database (the report's share of the work);
+- XProf: ``xspace_to_tool_data(files, 'overview_page')`` (what ``xprof get_overview`` computes) in the
+  XProf venv, on symbolic links to the run's files in a scratch folder, since XProf writes its cache
+  (``ALL_HOSTS.op_stats_v2.pb``) beside the files it reads.
+
+Prints a table with the ratios (ours / XProf; per-event cost against the smallest run) and writes
+``benchmarks/results/pod.md``. Targets on 2 cores: at 512 hosts ours <= 1/3 of XProf's time, peak RSS
+<= 1 GB, flat from 64 to 512 hosts, per-event cost at 512 hosts within 1.5x of 64 hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+XPROF_PYTHON = os.environ.get("TPUANALYZE_XPROF_PYTHON", "/root/.cache/tpuanalyze/xprof-venv/bin/python")
+XPROF_JOB = r"""
+import sys
+from xprof.convert import raw_to_tool_data
+data = raw_to_tool_data.xspace_to_tool_data(sys.argv[1:], "overview_page", {})[0]
+print("XPROF_BYTES", len(data or b""))
+"""
+RESULTS = Path(__file__).with_name("results") / "pod.md"
+CHIPS = 4096
+
+
+def tpuanalyze_exe() -> str:
+    """The CLI of the interpreter running this benchmark (its venv), else the one on PATH."""
+    beside = Path(sys.executable).with_name("tpuanalyze")
+    return str(beside) if beside.exists() else (shutil.which("tpuanalyze") or "tpuanalyze")
+
+
+def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+    """Wall and CPU seconds and peak RSS (MB) of one child process, measured alone (os.wait4)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    err = proc.stderr.read() if proc.stderr else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(argv)}\n{err.decode()[-3000:]}")
+    return {"seconds": wall, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "peak_rss_mb": usage.ru_maxrss / 1024}
+
+
+def generated_run(cache: Path, hosts: int) -> Path:
+    """The N-host run's folder, generated once (a marker file says the folder is complete)."""
+    out = cache / f"resnet50-h{hosts}"
+    done = out / ".complete"
+    if not done.exists():
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"generating {hosts} hosts into {out} ...", flush=True)
+        subprocess.run([tpuanalyze_exe(), "generate", "--model", "resnet50", "--chips", str(CHIPS),
+                        "--hosts", str(hosts), "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+        done.write_text("")
+    return out
+
+
+def xspace_files(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.rglob("*.xplane.pb"))
+
+
+def run_events(db: Path) -> int:
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return int(con.execute("SELECT sum(num_events) FROM runs").fetchone()[0])
+    finally:
+        con.close()
+
+
+def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool) -> dict:
+    run_dir = generated_run(cache, hosts)
+    files = xspace_files(run_dir)
+    db = cache / f"resnet50-h{hosts}.duckdb"
+    row: dict = {"hosts": hosts, "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+    exe = tpuanalyze_exe()
+    with tempfile.TemporaryDirectory(prefix="bench_pod-") as tmp:
+        if not (reuse_db and db.exists()):
+            db.unlink(missing_ok=True)
+            print(f"[{hosts} hosts] report DIR ...", flush=True)
+            row["e2e"] = measure([exe, "report", str(run_dir), "--db", str(db), "--json",
+                                  f"{tmp}/e2e.json", "-q", "--no-progress"])
+        row["events"] = run_events(db)
+        print(f"[{hosts} hosts] report DB ...", flush=True)
+        row["analysis"] = measure([exe, "report", str(db), "--json", f"{tmp}/analysis.json", "-q",
+                                   "--no-progress"])
+        row["report_json"] = json.loads(Path(f"{tmp}/analysis.json").read_text())["runs"][0]["breakdown"]
+        if xprof and Path(XPROF_PYTHON).exists():
+            links = Path(tmp) / "xprof"
+            links.mkdir()
+            for i, f in enumerate(files):
+                (links / f"{i}_{f.name}").symlink_to(f.resolve())
+            print(f"[{hosts} hosts] XProf overview_page ...", flush=True)
+            row["xprof"] = measure([XPROF_PYTHON, "-c", XPROF_JOB, *sorted(map(str, links.iterdir()))])
+    return row
+
+
+def _fmt(job: dict | None, key: str = "seconds") -> str:
+    if not job:
+        return "-"
+    return f"{job[key]:.1f}" if key == "seconds" else f"{job[key]:,.0f}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table: each job's seconds and peak RSS, ours / XProf, per-event cost vs the smallest."""
+    def per_event(r: dict, job: str) -> float | None:
+        return r[job]["seconds"] / r["events"] * 1e6 if r.get(job) else None
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}x" if a and b else "-"
+
+    base = rows[0]
+    lines = ["| hosts | events | report DIR s | RSS MB | analysis s | RSS MB | XProf s | RSS MB "
+             "| DIR / XProf | analysis / XProf | us/event DIR | us/event analysis "
+             "| vs smallest: DIR, analysis |",
+             "|" + "---|" * 13]
+    for r in rows:
+        x = r.get("xprof", {}).get("seconds")
+        cells = [str(r["hosts"]), f"{r['events']:,}", _fmt(r.get("e2e")), _fmt(r.get("e2e"), "peak_rss_mb"),
+                 _fmt(r["analysis"]), _fmt(r["analysis"], "peak_rss_mb"), _fmt(r.get("xprof")),
+                 _fmt(r.get("xprof"), "peak_rss_mb"), ratio(r.get("e2e", {}).get("seconds"), x),
+                 ratio(r["analysis"]["seconds"], x),
+                 f"{per_event(r, 'e2e'):.2f}" if per_event(r, "e2e") else "-",
+                 f"{per_event(r, 'analysis'):.2f}",
+                 f"{ratio(per_event(r, 'e2e'), per_event(base, 'e2e'))}, "
+                 f"{ratio(per_event(r, 'analysis'), per_event(base, 'analysis'))}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", default="64,128,256,512", help="comma-separated host counts")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/tpuanalyze_pod"),
+                        help="generated runs and kept databases (reused between runs)")
+    parser.add_argument("--no-xprof", action="store_true", help="skip XProf")
+    parser.add_argument("--reuse-db", action="store_true",
+                        help="keep a database already in the cache: time the analysis only, not report DIR")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    sizes = sorted(int(h) for h in args.hosts.split(","))
+    rows = [bench_size(args.cache, h, not args.no_xprof, args.reuse_db) for h in sizes]
+    text = table(rows)
+    print(text)
+    detail = json.dumps(rows, indent=1)
+    args.out.write_text(
+        f"# bench_pod\n\nResNet-50, 4096-chip pod, N hosts written (`generate --chips {CHIPS} --hosts N`), "
+        f"10 steps, seed 0; {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+        f"\nEach job in its own child process (wall s, peak RSS from os.wait4).\n\n{text}\n\n"
+        f"<details><summary>raw</summary>\n\n```json\n{detail}\n```\n</details>\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
