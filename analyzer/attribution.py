@@ -39,7 +39,8 @@ STAGE_NAMES = [name for name, _ in load_stages()]
 LAZY_STAGES = {"op_steps"}
 
 
-def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, str]) -> dict[str, str]:
+def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, str],
+                   hosts: tuple[str, str] | None = None) -> dict[str, str]:
     pats = config["patterns"]
     warm = config["warmup"]
     subs = {
@@ -59,6 +60,12 @@ def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, 
         "kineto_device_cats": "('Kernel', 'kernel', 'Memcpy', 'gpu_memcpy', 'Memset', 'gpu_memset')",
     }
     subs.update(relation)
+    # hosts: the (first, last) host names of a batch of consecutive hosts (analyzer/per_host.py)
+    for alias in ("e", "l"):
+        subs[f"{alias}_host"] = ("TRUE" if hosts is None else
+                                 f"{alias}.host BETWEEN {sql_literal(hosts[0])} AND {sql_literal(hosts[1])}")
+    if "att_programs" in relation:
+        subs.setdefault("att_programs_run", relation["att_programs"])
     return subs
 
 

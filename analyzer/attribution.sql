@@ -4,7 +4,9 @@
 -- as TEMP tables for one run (analyze_run) or as persistent VIEWs over all runs (install_views), so
 -- users can query the same relations with `tpuanalyze sql`. Placeholders: $run_filter (a predicate on
 -- run_id), $<stage> (the relation name of an earlier stage), $op_category / $collective_kind (SQL
--- expressions from analyzer/classify.py), $pat_* (regex literals from analyzer/thresholds.toml).
+-- expressions from analyzer/classify.py), $pat_* (regex literals from analyzer/thresholds.toml),
+-- $e_host / $l_host (TRUE, or a predicate on a batch of hosts' events e / l when the stages run batch by batch)
+-- and $att_programs_run (the run's program executions, all hosts: the dominant program is the run's).
 -- Documented in docs/attribution.md.
 
 -- stage: att_runs
@@ -14,19 +16,19 @@ SELECT r.run_id,
        EXISTS (SELECT 1 FROM planes p
                WHERE p.run_id = r.run_id AND p.kind IN ('tpu', 'gpu') AND p.num_events > 0) AS has_device_planes,
        EXISTS (SELECT 1 FROM events e
-               WHERE e.run_id = r.run_id AND e.line = 'Steps'
+               WHERE e.run_id = r.run_id AND $e_host AND e.line = 'Steps'
                  AND (e.plane LIKE '/device:%')) AS has_steps_line,
        EXISTS (SELECT 1 FROM events e
-               WHERE e.run_id = r.run_id AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%')
+               WHERE e.run_id = r.run_id AND $e_host AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%')
            AS has_modules_line,
        -- device ops grouped into steps by the profiler (group_id stat, e.g. TF GPU traces)
        EXISTS (SELECT 1 FROM events e
-               WHERE e.run_id = r.run_id AND e.group_id IS NOT NULL AND e.duration_ps > 0
+               WHERE e.run_id = r.run_id AND $e_host AND e.group_id IS NOT NULL AND e.duration_ps > 0
                  AND (e.plane LIKE '/device:TPU:%' OR e.plane LIKE '/device:GPU:%')
                  AND (e.line = 'XLA Ops' OR e.line LIKE 'Stream #%')) AS has_group_ids,
        -- Chrome-trace JSON from PyTorch/Kineto: GPU kernels and memcpys are events with a device
        r.source_format = 'chrome_json' AND EXISTS (
-           SELECT 1 FROM events e WHERE e.run_id = r.run_id
+           SELECT 1 FROM events e WHERE e.run_id = r.run_id AND $e_host
              AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats) AS is_kineto
 FROM runs r
 WHERE $run_filter;
@@ -42,7 +44,7 @@ WITH raw AS MATERIALIZED (
            e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE AS on_host, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND r.has_device_planes
+    WHERE $run_filter AND $e_host AND r.has_device_planes
       AND (e.plane LIKE '/device:TPU:%' OR e.plane LIKE '/device:GPU:%')
       AND (e.line IN ('XLA Ops', 'Async XLA Ops') OR e.line LIKE 'Stream #%')
       AND e.duration_ps > 0
@@ -58,7 +60,7 @@ WITH raw AS MATERIALIZED (
            e.start_ps, e.duration_ps, e.group_id, e.step_num, TRUE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND NOT r.has_device_planes
+    WHERE $run_filter AND $e_host AND NOT r.has_device_planes
       AND e.plane LIKE '/host:%'
       AND json_extract_string(e.stats, '$.hlo_op') IS NOT NULL
       AND e.duration_ps > 0
@@ -68,7 +70,7 @@ WITH raw AS MATERIALIZED (
            e.flops, e.bytes_accessed, e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND r.is_kineto
+    WHERE $run_filter AND $e_host AND r.is_kineto
       AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
       AND e.duration_ps > 0
 ), combos AS (
@@ -111,18 +113,18 @@ WITH modules AS (
            coalesce(nullif(e.hlo_module, ''), e.name) AS program, e.program_id,
            e.start_ps, e.start_ps + e.duration_ps AS end_ps, 'xla_modules' AS source
     FROM events e JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
+    WHERE $run_filter AND $e_host AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
       AND e.duration_ps > 0
 ), launched AS (
     SELECT o.run_id, o.host, o.device, o.hlo_module AS program, o.start_ps, o.duration_ps, l.start_ps AS launch_ps
     FROM $att_ops o JOIN $att_runs r USING (run_id)
     JOIN events l ON l.run_id = o.run_id AND l.host = o.host AND l.correlation_id = o.correlation_id
     WHERE r.has_device_planes AND NOT r.has_modules_line AND NOT r.has_steps_line AND NOT r.has_group_ids
-      AND o.hlo_module IS NOT NULL AND o.correlation_id IS NOT NULL AND l.plane LIKE '/host:%'
+      AND $l_host AND o.hlo_module IS NOT NULL AND o.correlation_id IS NOT NULL AND l.plane LIKE '/host:%'
 ), dispatch AS (
     SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
     FROM events e
-    WHERE $run_filter AND e.plane LIKE '/host:%' AND e.duration_ps > 0
+    WHERE $run_filter AND $e_host AND e.plane LIKE '/host:%' AND e.duration_ps > 0
       AND e.run_id IN (SELECT run_id FROM launched)
       AND (regexp_matches(e.name, $pat_dispatch) OR e.name = 'GpuExecutable::ExecuteThunks')
 ), keyed AS (
@@ -157,7 +159,7 @@ WITH device_list AS (
            regexp_matches(lower(e.name), $pat_eval_program) AS named_eval, 'steps_line' AS step_source,
            CAST(NULL AS INTEGER) AS line_index, CAST(NULL AS VARCHAR) AS program
     FROM events e JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND r.has_device_planes AND e.line = 'Steps' AND e.plane LIKE '/device:%'
+    WHERE $run_filter AND $e_host AND r.has_device_planes AND e.line = 'Steps' AND e.plane LIKE '/device:%'
       AND e.duration_ps > 0
 ), group_steps AS (
     SELECT o.run_id, o.host, o.device, o.group_id, min(o.start_ps), max(o.start_ps + o.duration_ps),
@@ -168,7 +170,7 @@ WITH device_list AS (
     GROUP BY o.run_id, o.host, o.device, o.group_id
 ), dominant AS (
     SELECT run_id, arg_max(program, total_ps) AS program
-    FROM (SELECT run_id, program, sum(end_ps - start_ps) AS total_ps FROM $att_programs
+    FROM (SELECT run_id, program, sum(end_ps - start_ps) AS total_ps FROM $att_programs_run
           WHERE NOT named_eval GROUP BY ALL)
     GROUP BY run_id
 ), module_steps AS (
@@ -186,7 +188,7 @@ WITH device_list AS (
            CAST(NULL AS VARCHAR)
     FROM events e JOIN $att_runs r USING (run_id)
     JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
-    WHERE $run_filter AND NOT r.has_device_planes AND (e.plane LIKE '/host:%' OR r.is_kineto)
+    WHERE $run_filter AND $e_host AND NOT r.has_device_planes AND (e.plane LIKE '/host:%' OR r.is_kineto)
       AND (e.step_num IS NOT NULL OR (r.is_kineto AND regexp_matches(e.name, '^ProfilerStep#\d+$')))
       AND e.duration_ps > 0
       AND json_extract_string(e.stats, '$.hlo_op') IS NULL
@@ -209,7 +211,7 @@ WITH device_list AS (
 ), compile_spans AS (
     SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
     FROM events e
-    WHERE $run_filter AND e.plane LIKE '/host:%' AND e.duration_ps > 0
+    WHERE $run_filter AND $e_host AND e.plane LIKE '/host:%' AND e.duration_ps > 0
       AND e.name ILIKE '%compil%'  -- cheap prefilter: every compile event name has it
       AND regexp_matches(lower(e.name), $pat_compile)
 ), compile_overlap AS (
@@ -251,13 +253,13 @@ SELECT run_id, host, device, start_ps, end_ps FROM $att_steps WHERE named_eval
 UNION ALL
 SELECT e.run_id, e.host, e.device_ordinal, e.start_ps, e.start_ps + e.duration_ps
 FROM events e JOIN $att_runs r USING (run_id)
-WHERE $run_filter AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
+WHERE $run_filter AND $e_host AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
   AND regexp_matches(lower(e.name), $pat_eval_program) AND e.duration_ps > 0
 UNION ALL
 SELECT e.run_id, e.host, d.device, e.start_ps, e.start_ps + e.duration_ps
 FROM events e JOIN $att_runs r USING (run_id)
 JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
-WHERE $run_filter AND NOT r.has_device_planes AND e.plane LIKE '/host:%'
+WHERE $run_filter AND $e_host AND NOT r.has_device_planes AND e.plane LIKE '/host:%'
   AND regexp_matches(lower(e.name), $pat_eval_annotation) AND e.duration_ps > 0;
 
 -- stage: att_input_spans
@@ -268,7 +270,7 @@ FROM $att_steps s
 JOIN events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.line_index
              AND e.start_ps >= s.start_ps AND e.start_ps < s.end_ps
              AND regexp_matches(e.name, $pat_dispatch)
-WHERE s.step_source = 'step_annotation' AND NOT s.named_eval
+WHERE s.step_source = 'step_annotation' AND NOT s.named_eval AND $e_host
 GROUP BY s.run_id, s.host, s.device, s.start_ps, s.end_ps;
 
 -- stage: att_intervals

@@ -47,6 +47,13 @@ def tpuanalyze_exe() -> str:
     return str(beside) if beside.exists() else (shutil.which("tpuanalyze") or "tpuanalyze")
 
 
+def analysis_job(exe: str, db: Path, out: Path) -> dict:
+    """``report DB`` (the analysis alone), its JSON report read back."""
+    job = measure([exe, "report", str(db), "--json", str(out), "-q", "--no-progress"])
+    job["json"] = json.loads(out.read_text())
+    return job
+
+
 def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
     """Wall and CPU seconds and peak RSS (MB) of one child process, measured alone (os.wait4)."""
     start = time.perf_counter()
@@ -88,7 +95,7 @@ def run_events(db: Path) -> int:
         con.close()
 
 
-def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool) -> dict:
+def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool, baseline: str | None) -> dict:
     run_dir = generated_run(cache, hosts)
     files = xspace_files(run_dir)
     db = cache / f"resnet50-h{hosts}.duckdb"
@@ -102,9 +109,13 @@ def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool) -> dict:
                                   f"{tmp}/e2e.json", "-q", "--no-progress"])
         row["events"] = run_events(db)
         print(f"[{hosts} hosts] report DB ...", flush=True)
-        row["analysis"] = measure([exe, "report", str(db), "--json", f"{tmp}/analysis.json", "-q",
-                                   "--no-progress"])
-        row["report_json"] = json.loads(Path(f"{tmp}/analysis.json").read_text())["runs"][0]["breakdown"]
+        row["analysis"] = analysis_job(exe, db, Path(tmp) / "analysis.json")
+        document = row["analysis"].pop("json")
+        row["breakdown"] = document["runs"][0]["breakdown"]
+        if baseline:
+            print(f"[{hosts} hosts] report DB with the baseline build ...", flush=True)
+            row["baseline_analysis"] = analysis_job(baseline, db, Path(tmp) / "baseline.json")
+            row["same_json_as_baseline"] = row["baseline_analysis"].pop("json") == document
         if xprof and Path(XPROF_PYTHON).exists():
             links = Path(tmp) / "xprof"
             links.mkdir()
@@ -115,35 +126,37 @@ def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool) -> dict:
     return row
 
 
-def _fmt(job: dict | None, key: str = "seconds") -> str:
+def _cell(job: dict | None) -> str:
+    """wall s / CPU s / peak RSS MB of one job."""
     if not job:
         return "-"
-    return f"{job[key]:.1f}" if key == "seconds" else f"{job[key]:,.0f}"
+    return f"{job['seconds']:.1f} / {job['cpu_seconds']:.1f} / {job['peak_rss_mb']:,.0f}"
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown table: each job's seconds and peak RSS, ours / XProf, per-event cost vs the smallest."""
-    def per_event(r: dict, job: str) -> float | None:
-        return r[job]["seconds"] / r["events"] * 1e6 if r.get(job) else None
+    """Markdown table: each job's wall and CPU seconds and peak RSS, ours / XProf (CPU seconds: the
+    fair basis on a loaded shared machine), per-event CPU cost against the smallest run."""
+    def cpu(r: dict, job: str) -> float | None:
+        return r[job]["cpu_seconds"] if r.get(job) else None
 
     def ratio(a: float | None, b: float | None) -> str:
         return f"{a / b:.2f}x" if a and b else "-"
 
+    def per_event(r: dict, job: str) -> float | None:
+        return cpu(r, job) / r["events"] * 1e6 if cpu(r, job) else None
+
     base = rows[0]
-    lines = ["| hosts | events | report DIR s | RSS MB | analysis s | RSS MB | XProf s | RSS MB "
-             "| DIR / XProf | analysis / XProf | us/event DIR | us/event analysis "
-             "| vs smallest: DIR, analysis |",
-             "|" + "---|" * 13]
+    lines = ["| hosts | events | report DIR: wall s / CPU s / RSS MB | analysis (report DB) "
+             "| baseline build's analysis | XProf overview_page | DIR / XProf (CPU) | analysis / XProf (CPU) "
+             "| CPU us/event DIR, analysis | vs smallest: DIR, analysis |",
+             "|" + "---|" * 10]
     for r in rows:
-        x = r.get("xprof", {}).get("seconds")
-        cells = [str(r["hosts"]), f"{r['events']:,}", _fmt(r.get("e2e")), _fmt(r.get("e2e"), "peak_rss_mb"),
-                 _fmt(r["analysis"]), _fmt(r["analysis"], "peak_rss_mb"), _fmt(r.get("xprof")),
-                 _fmt(r.get("xprof"), "peak_rss_mb"), ratio(r.get("e2e", {}).get("seconds"), x),
-                 ratio(r["analysis"]["seconds"], x),
-                 f"{per_event(r, 'e2e'):.2f}" if per_event(r, "e2e") else "-",
-                 f"{per_event(r, 'analysis'):.2f}",
-                 f"{ratio(per_event(r, 'e2e'), per_event(base, 'e2e'))}, "
-                 f"{ratio(per_event(r, 'analysis'), per_event(base, 'analysis'))}"]
+        pe_dir, pe_an = per_event(r, "e2e"), per_event(r, "analysis")
+        cells = [str(r["hosts"]), f"{r['events']:,}", _cell(r.get("e2e")), _cell(r["analysis"]),
+                 _cell(r.get("baseline_analysis")), _cell(r.get("xprof")),
+                 ratio(cpu(r, "e2e"), cpu(r, "xprof")), ratio(cpu(r, "analysis"), cpu(r, "xprof")),
+                 f"{pe_dir:.2f}, {pe_an:.2f}" if pe_dir else f"-, {pe_an:.2f}",
+                 f"{ratio(pe_dir, per_event(base, 'e2e'))}, {ratio(pe_an, per_event(base, 'analysis'))}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -156,11 +169,14 @@ def main() -> None:
     parser.add_argument("--no-xprof", action="store_true", help="skip XProf")
     parser.add_argument("--reuse-db", action="store_true",
                         help="keep a database already in the cache: time the analysis only, not report DIR")
+    parser.add_argument("--baseline", metavar="CLI", default=None,
+                        help="another build's tpuanalyze CLI: its `report DB` beside ours on the same "
+                             "database (seconds, RSS, whether the JSON is the same)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     sizes = sorted(int(h) for h in args.hosts.split(","))
-    rows = [bench_size(args.cache, h, not args.no_xprof, args.reuse_db) for h in sizes]
+    rows = [bench_size(args.cache, h, not args.no_xprof, args.reuse_db, args.baseline) for h in sizes]
     text = table(rows)
     print(text)
     detail = json.dumps(rows, indent=1)

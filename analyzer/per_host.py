@@ -1,0 +1,148 @@
+"""The attribution stages run host by host: memory bounded by the largest host, not by the pod.
+
+Every stage of attribution.sql but two is a function of one host's events: the run's flags
+(``att_runs``: does any host have a Steps line, ...) and the dominant program (the non-eval program
+with the most execution time over the run) are the run's. So the stages run in three passes over the
+hosts, each host's query reading only that host's row groups:
+
+1. ``att_runs`` per host, OR-ed into the run's flags (an EXISTS over the run is the OR of the hosts').
+2. ``att_programs`` per host, appended into the run's program executions (small: one row per program
+   execution per device); the dominant program is then the run's, as in the whole-run SQL.
+3. The other stages per host. The per-host results that are small (steps, step breakdown, device
+   breakdown, collective time per step, eval and input spans) are appended into the run's TEMP tables;
+   the elementary intervals (one row per op boundary) live only while their host is processed; the
+   per-op relation ``op_steps`` is appended into a table of a scratch database file, whose blocks DuckDB
+   evicts to disk under its memory limit, so the reduce-side queries over it (top ops, collectives,
+   the findings' evidence SQL) run in bounded memory.
+
+The relations returned have the same names, columns and rows as ``materialize_run``'s (row order aside).
+"""
+
+from __future__ import annotations
+
+from string import Template
+from typing import Any
+
+import duckdb
+from tpuanalyze.analyzer.attribution import _substitutions, load_stages
+from tpuanalyze.analyzer.classify import sql_literal
+
+# Stages whose per-host rows are kept for the run (TEMP tables); the rest live per host only.
+KEPT_STAGES = ("att_runs", "att_programs", "att_steps", "att_eval_spans", "att_input_spans",
+               "step_breakdown", "device_breakdown", "collective_time")
+SCRATCH = "ta_scratch"  # the attached scratch database holding the run's op_steps
+
+
+# Events per batch of hosts: one statement per stage and batch costs a fixed planning and classification
+# time, so small hosts go together; a host larger than this is a batch of its own.
+BATCH_EVENTS = 1_000_000
+
+
+def run_hosts(con: duckdb.DuckDBPyConnection, run_id: int) -> list[str]:
+    """The hosts whose planes the run has (every event belongs to a plane of its host), in SQL order."""
+    rows = con.execute("SELECT DISTINCT host FROM planes WHERE run_id = ? ORDER BY host", [int(run_id)])
+    return [r[0] for r in rows.fetchall()]
+
+
+def host_batches(con: duckdb.DuckDBPyConnection, run_id: int,
+                 batch_events: int = BATCH_EVENTS) -> list[tuple[str, str]]:
+    """Consecutive hosts (in SQL string order) grouped up to ``batch_events`` events, as (first, last)
+    host names: a batch is the hosts BETWEEN them, which the store's row-group statistics prune to."""
+    rows = con.execute("SELECT host, sum(num_events) FROM planes WHERE run_id = ? GROUP BY host "
+                       "ORDER BY host", [int(run_id)]).fetchall()
+    batches: list[tuple[str, str]] = []
+    first, total = None, 0
+    for i, (host, events) in enumerate(rows):
+        if first is None:
+            first, total = host, 0
+        total += int(events or 0)
+        if i + 1 == len(rows) or total + int(rows[i + 1][1] or 0) > batch_events:
+            batches.append((first, host))
+            first = None
+    return batches
+
+
+def _append(con: duckdb.DuckDBPyConnection, table: str, select: str, first: bool) -> None:
+    if first:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {select}")
+    else:
+        con.execute(f"INSERT INTO {table} {select}")
+
+
+def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
+                         batches: list[tuple[str, str]], prefix: str = "ta_") -> dict[str, str]:
+    """Create the run's relations batch of hosts by batch (module docstring); return stage name ->
+    relation name.
+    The connection must have the scratch database attached as ``ta_scratch``."""
+    stages = dict(load_stages())
+    run_filter = f"run_id = {int(run_id)}"
+    local = f"{prefix}h_"  # one host's relations, replaced host after host
+
+    def sql(name: str, relation: dict[str, str], host: tuple[str, str]) -> str:
+        subs = _substitutions(config, run_filter, relation, host)
+        return Template(stages[name]).safe_substitute(subs)
+
+    def run(kind: str, table: str, text: str, stage: str) -> None:
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP {kind} {table} AS {text}")
+        except duckdb.Error as exc:
+            raise RuntimeError(f"attribution stage {stage} failed: {exc}") from exc
+
+    # pass 1: the run's flags, OR over the hosts
+    for i, host in enumerate(batches):
+        _append(con, f"{prefix}att_runs_parts", sql("att_runs", {}, host), i == 0)
+    flags = ("has_device_planes", "has_steps_line", "has_modules_line", "has_group_ids", "is_kineto")
+    run("TABLE", f"{prefix}att_runs",
+        f"SELECT run_id, {', '.join(f'bool_or({f}) AS {f}' for f in flags)} "
+        f"FROM {prefix}att_runs_parts GROUP BY run_id", "att_runs")
+    con.execute(f"DROP TABLE {prefix}att_runs_parts")
+    runs_rel = {"att_runs": f"{prefix}att_runs"}
+    has_dev, has_steps, has_modules, has_groups = con.execute(
+        f"SELECT has_device_planes, has_steps_line, has_modules_line, has_group_ids FROM {prefix}att_runs"
+    ).fetchone() or (False, False, False, False)
+    # att_programs reads att_ops only for program executions found through host launches
+    programs_need_ops = bool(has_dev and not has_modules and not has_steps and not has_groups)
+
+    # pass 2: the run's program executions (the dominant program is the run's)
+    for i, host in enumerate(batches):
+        ops_sql = sql("att_ops", runs_rel, host)
+        run("TABLE", f"{local}att_ops",
+            ops_sql if programs_need_ops else f"SELECT * FROM ({ops_sql}) LIMIT 0", "att_ops")
+        rel = {**runs_rel, "att_ops": f"{local}att_ops"}
+        _append(con, f"{prefix}att_programs", sql("att_programs", rel, host), i == 0)
+
+    # pass 3: everything else, host by host
+    op_steps = f"{SCRATCH}.{prefix}op_steps"
+    for i, host in enumerate(batches):
+        rel = {**runs_rel, "att_programs_run": f"{prefix}att_programs"}
+        for name in stages:
+            if name in ("att_runs", "op_steps"):
+                continue
+            table = f"{local}{name}"
+            if name == "att_programs":
+                run("VIEW", table, f"SELECT * FROM {prefix}att_programs WHERE host "
+                    f"BETWEEN {sql_literal(host[0])} AND {sql_literal(host[1])}", name)
+            else:
+                run("TABLE", table, sql(name, rel, host), name)
+            rel[name] = table
+            if name in KEPT_STAGES and name != "att_programs":
+                _append(con, f"{prefix}{name}", f"SELECT * FROM {table}", i == 0)
+        text = sql("op_steps", rel, host)
+        try:
+            if i == 0:  # (empty first: CREATE TABLE AS with the ASOF join plans far slower than INSERT)
+                con.execute(f"CREATE OR REPLACE TABLE {op_steps} AS SELECT * FROM ({text}) LIMIT 0")
+            con.execute(f"INSERT INTO {op_steps} {text}")
+        except duckdb.Error as exc:
+            raise RuntimeError(f"attribution stage op_steps failed: {exc}") from exc
+    for name in stages:
+        kind = "VIEW" if name == "att_programs" else "TABLE"
+        con.execute(f"DROP {kind} IF EXISTS {local}{name}")
+
+    relation = {name: f"{prefix}{name}" for name in KEPT_STAGES}
+    relation["op_steps"] = op_steps
+    # the op rows of the run, as att_ops' readers use them (device, category, short_name, ...)
+    # (a name of its own: the whole-run path's ta_att_ops is a table)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {prefix}att_ops_all AS "
+                f"SELECT *, device_ordinal AS device FROM {op_steps}")
+    relation["att_ops"] = f"{prefix}att_ops_all"
+    return relation

@@ -1,0 +1,55 @@
+"""DuckDB resources of one analysis: a scratch database file for the run's per-op relation, a memory
+limit that DuckDB honours by spilling to disk, and the spill folder (a read-only trace database has
+none of its own)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import duckdb
+from tpuanalyze.analyzer.per_host import SCRATCH
+
+# DuckDB's share of the analysis memory: the per-host stages need a few MB per host, the reduce over
+# the run's op rows spills beyond this. Never raised above a lower limit the caller set.
+MEMORY_LIMIT_BYTES = 512 * 1024 * 1024
+
+
+def _setting(con: duckdb.DuckDBPyConnection, name: str) -> str:
+    return str(con.execute(f"SELECT current_setting('{name}')").fetchone()[0])
+
+
+def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
+    row = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchone()
+    text = str(row[0]) if row else ""
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 1e3, "MB": 1e6, "GB": 1e9,
+             "TB": 1e12, "bytes": 1}
+    number, _, unit = text.partition(" ")
+    try:
+        return int(float(number) * units.get(unit, 1))
+    except ValueError:
+        return 0
+
+
+@contextmanager
+def scratch_database(con: duckdb.DuckDBPyConnection) -> Iterator[str]:
+    """Attach a scratch database file as ``ta_scratch`` (deleted afterwards), cap DuckDB's memory and
+    point its spill folder beside it; the connection's settings are restored on exit."""
+    folder = tempfile.mkdtemp(prefix="tpuanalyze-analysis-")
+    saved_limit = _setting(con, "memory_limit")
+    saved_temp = _setting(con, "temp_directory")
+    try:
+        con.execute(f"ATTACH '{folder}/scratch.duckdb' AS {SCRATCH} (READ_WRITE)")
+        if not saved_temp:  # (DuckDB cannot switch it back once used: set only where there is none)
+            con.execute(f"SET temp_directory = '{folder}/spill'")
+        if not 0 < _limit_bytes(con) <= MEMORY_LIMIT_BYTES:
+            con.execute(f"SET memory_limit = '{MEMORY_LIMIT_BYTES // 2**20}MiB'")
+        yield SCRATCH
+    finally:
+        try:
+            con.execute(f"DETACH DATABASE IF EXISTS {SCRATCH}")
+            con.execute(f"SET memory_limit = '{saved_limit}'")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
