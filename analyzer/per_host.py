@@ -45,18 +45,19 @@ def run_hosts(con: duckdb.DuckDBPyConnection, run_id: int) -> list[str]:
 
 
 def host_batches(con: duckdb.DuckDBPyConnection, run_id: int,
-                 batch_events: int = BATCH_EVENTS) -> list[tuple[str, str]]:
+                 batch_events: int | None = None) -> list[tuple[str, str]]:
     """Consecutive hosts (in SQL string order) grouped up to ``batch_events`` events, as (first, last)
     host names: a batch is the hosts BETWEEN them, which the store's row-group statistics prune to."""
     rows = con.execute("SELECT host, sum(num_events) FROM planes WHERE run_id = ? GROUP BY host "
                        "ORDER BY host", [int(run_id)]).fetchall()
+    limit = BATCH_EVENTS if batch_events is None else batch_events
     batches: list[tuple[str, str]] = []
     first, total = None, 0
     for i, (host, events) in enumerate(rows):
         if first is None:
             first, total = host, 0
         total += int(events or 0)
-        if i + 1 == len(rows) or total + int(rows[i + 1][1] or 0) > batch_events:
+        if i + 1 == len(rows) or total + int(rows[i + 1][1] or 0) > limit:
             batches.append((first, host))
             first = None
     return batches
