@@ -95,7 +95,8 @@ def run_events(db: Path) -> int:
         con.close()
 
 
-def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool, baseline: str | None) -> dict:
+def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool, baseline: str | None,
+               baseline_max_hosts: int) -> dict:
     run_dir = generated_run(cache, hosts)
     files = xspace_files(run_dir)
     db = cache / f"resnet50-h{hosts}.duckdb"
@@ -112,7 +113,7 @@ def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool, baseline: s
         row["analysis"] = analysis_job(exe, db, Path(tmp) / "analysis.json")
         document = row["analysis"].pop("json")
         row["breakdown"] = document["runs"][0]["breakdown"]
-        if baseline:
+        if baseline and hosts <= baseline_max_hosts:
             print(f"[{hosts} hosts] report DB with the baseline build ...", flush=True)
             row["baseline_analysis"] = analysis_job(baseline, db, Path(tmp) / "baseline.json")
             row["same_json_as_baseline"] = row["baseline_analysis"].pop("json") == document
@@ -172,11 +173,15 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="CLI", default=None,
                         help="another build's tpuanalyze CLI: its `report DB` beside ours on the same "
                              "database (seconds, RSS, whether the JSON is the same)")
+    parser.add_argument("--baseline-max-hosts", type=int, default=128,
+                        help="run the baseline build only up to this many hosts (a whole-run analysis "
+                             "needs ~1.1 GB per million events)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     sizes = sorted(int(h) for h in args.hosts.split(","))
-    rows = [bench_size(args.cache, h, not args.no_xprof, args.reuse_db, args.baseline) for h in sizes]
+    rows = [bench_size(args.cache, h, not args.no_xprof, args.reuse_db, args.baseline, args.baseline_max_hosts)
+            for h in sizes]
     text = table(rows)
     print(text)
     detail = json.dumps(rows, indent=1)
