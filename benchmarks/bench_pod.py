@@ -180,7 +180,8 @@ def main() -> None:
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     sizes = sorted(int(h) for h in args.hosts.split(","))
-    rows = [bench_size(args.cache, h, not args.no_xprof, args.reuse_db, args.baseline, args.baseline_max_hosts)
+    rows = [bench_size(args.cache, h, not args.no_xprof, args.reuse_db, args.baseline,
+                       args.baseline_max_hosts)
             for h in sizes]
     text = table(rows)
     print(text)
