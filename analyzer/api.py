@@ -205,7 +205,9 @@ def _detail_summary(steps: pd.DataFrame, inputs: pd.DataFrame, collectives: pd.D
 def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
                 thresholds: Mapping[str, Any] | str | Path | None = None) -> RunAnalysis:
     """Attribute one run's step time and evaluate the catalog rules. Works on read-only connections
-    (intermediate relations are TEMP tables ``ta_*`` of this connection)."""
+    (intermediate relations are TEMP tables ``ta_*`` of this connection). A run larger than one batch
+    of hosts is attributed batch by batch (analyzer/per_host.py), its per-op relation in a scratch
+    database deleted afterwards, DuckDB's memory capped meanwhile (analyzer/resources.py)."""
     config = load_thresholds(thresholds)
     run = _run_row(con, run_id)
     progress = con.execute("SELECT current_setting('enable_progress_bar')").fetchall()[0][0]
