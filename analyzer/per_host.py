@@ -138,6 +138,8 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     for name in stages:
         kind = "VIEW" if name == "att_programs" else "TABLE"
         con.execute(f"DROP {kind} IF EXISTS {local}{name}")
+    # written to the file: the readers' scans then page its blocks in and out under the memory limit
+    con.execute(f"CHECKPOINT {SCRATCH}")
 
     relation = {name: f"{prefix}{name}" for name in KEPT_STAGES}
     relation["op_steps"] = op_steps
