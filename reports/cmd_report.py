@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 from tpuanalyze.reports import progress
-from tpuanalyze.reports.options import wait_option
+from tpuanalyze.reports.options import wait_option, workers_option
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -44,10 +44,12 @@ def _check_exists(paths: Sequence[Path]) -> None:
             raise TpuAnalyzeError("no such file or directory", str(path))
 
 
-def _ingest(paths: Sequence[Path], db_path: Path, show_progress: bool) -> list[int]:
-    from tpuanalyze.store.ingest import ingest_paths
+def _ingest(
+    paths: Sequence[Path], db_path: Path, show_progress: bool, workers: int | None = None
+) -> list[int]:
+    from tpuanalyze.pipeline import ingest_paths
 
-    summary = ingest_paths(list(paths), db_path, progress=show_progress)
+    summary = ingest_paths(list(paths), db_path, progress=show_progress, workers=workers)
     return list(summary.run_ids)
 
 
@@ -276,6 +278,7 @@ def _write_html(
     default=None,
     help="Progress bars on stderr (default: only when stderr is a terminal).",
 )
+@workers_option
 @wait_option
 def command(
     paths: tuple[Path, ...],
@@ -289,6 +292,7 @@ def command(
     quiet: bool,
     show_progress: bool | None,
     keep_warmup: bool = False,
+    workers: int | None = None,
 ) -> None:
     """Analyse traces (or a tpuanalyze database) and report: terminal summary, --html, --json.
 
@@ -329,7 +333,7 @@ def command(
             raise TpuAnalyzeError("--run selects runs of a database PATH; trace PATHs are all reported")
         with tempfile.TemporaryDirectory(prefix="tpuanalyze-report-") as tmp:
             target = db_path if db_path is not None else Path(tmp) / "report.duckdb"
-            run_ids = _ingest(paths, target, show)
+            run_ids = _ingest(paths, target, show, workers)
             if db_path is not None and thresholds is not None:
                 # ingest installed the default-threshold views; custom thresholds replace them
                 _install_views(db_path, thresholds)

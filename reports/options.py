@@ -26,3 +26,15 @@ def wait_option(command: Any) -> Any:
         metavar="SECONDS",
         help="Wait up to SECONDS for another process using the database (default 600, or TPUANALYZE_WAIT).",
     )(command)
+
+
+def workers_option(command: Any) -> Any:
+    """``--workers N``: processes for the per-host map (docs/pipeline.md)."""
+    return click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Worker processes reading the host files in parallel (default: the machine's cores; "
+        "small inputs are read in this process). 1: no worker processes.",
+    )(command)

@@ -11,7 +11,8 @@ import duckdb
 import pytest
 from conftest import run_cli
 from tpuanalyze.analyzer.mlperf_summary import olympic_score, summarize_db, summarize_paths
-from tpuanalyze.parsers.mlperf import ingest_mlperf, ingest_mlperf_into, load_mlperf, parse_line
+from tpuanalyze.parsers.mlperf import load_mlperf, parse_line
+from tpuanalyze.store.mlperf import ingest_mlperf, ingest_mlperf_into
 
 from tpuanalyze.errors import TraceFormatError
 

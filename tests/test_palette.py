@@ -12,7 +12,8 @@ from conftest import SAMPLE_TRACES
 from tpuanalyze.analyzer.api import analyze_run
 from tpuanalyze.reports.html import render_html
 from tpuanalyze.reports.palette import CATEGORY_COLORS, CATEGORY_LABELS, natural_sorted
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 # 'exposed' is the collectives-by-kind chart's name for the collectives category (overlapped is its shade)
 LABEL_TO_CATEGORY = {**{label: c for c, label in CATEGORY_LABELS.items()}, **{c: c for c in CATEGORY_COLORS},

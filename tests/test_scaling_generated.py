@@ -27,7 +27,7 @@ def resnet_runs(tmp_path_factory) -> dict[int, Path]:
 
 @pytest.fixture(scope="module")
 def series(resnet_runs, tmp_path_factory):
-    from tpuanalyze.store.ingest import ingest_paths
+    from tpuanalyze.pipeline import ingest_paths
 
     db = tmp_path_factory.mktemp("scaling-db") / "runs.duckdb"
     for path in resnet_runs.values():
