@@ -3,7 +3,7 @@
 The worker loads the host with the very loader the database uses (``store.load._load_host``: the
 same typed columns, stats JSON and time shift) into a scratch DuckDB file of its own, then copies
 each table to Parquet. The main process later inserts every host's parts in one transaction
-(``store.ingest``), or, for a Parquet dataset, moves the event parts into the hive layout.
+(``store.commit``), or, for a Parquet dataset, moves the event parts into the hive layout.
 
 Why a scratch *file*, not ``:memory:``: with the load's small memory limit DuckDB writes full row
 groups to disk as they fill, so a worker's memory stays bounded by a row group, not by its host.
@@ -27,7 +27,7 @@ from tpuanalyze.store.load import RunCounts, _load_host
 HOST_TABLES = ("planes", "lines", "event_metadata", "event_rows", "event_details")
 EVENT_TABLES = ("event_rows", "event_details")
 
-# DuckDB's buffer while a worker loads its host (store/ingest.py explains the figures): XSpace
+# DuckDB's buffer while a worker loads its host (benchmarks/results/ingest_memory.md has the figures): XSpace
 # loads in 16MB; Chrome-trace JSON carries wide stats rows. Out of memory: redone once with more.
 LOAD_MEMORY_LIMIT = "16MB"
 JSON_MEMORY_LIMIT = "256MB"

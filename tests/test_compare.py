@@ -8,9 +8,10 @@ import sys
 
 import duckdb
 import pytest
-from tpuanalyze.analyzer.compare import RunLoader, compare_runs
+from tpuanalyze.analyzer.compare import compare_runs
 
 from tpuanalyze.cli import main
+from tpuanalyze.pipeline.runs import RunLoader
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli as _cli
-from tpuanalyze.analyzer.compare import RunLoader
 from tpuanalyze.analyzer.scaling import analyze_scaling, holdout_check
 from tpuanalyze.reports.cmd_scaling import trace_series
 
 from tpuanalyze import generator  # a broken generator must fail these tests, not skip them
+from tpuanalyze.pipeline.runs import RunLoader
 
 CHIPS = (256, 1024, 4096)
 

@@ -18,8 +18,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import run_cli as _cli
-from tpuanalyze.analyzer.mlperf_summary import scaling_series, summarize_paths
+from tpuanalyze.analyzer.mlperf_summary import scaling_series
 from tpuanalyze.analyzer.time_to_train import EpochsModel, TimeToTrainModel
+
+from tpuanalyze.pipeline.mlperf import summarize_paths
 
 # series -> (chips fitted on, held-out chips, official time to train of the held-out run [log])
 V06 = {
