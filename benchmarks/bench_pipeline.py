@@ -66,11 +66,12 @@ def _tree_rss_kb(root: int) -> int:
     return total
 
 
-def run_with_rusage(label: str, cmd: list[str], env: dict[str, str], json_path: Path) -> Measured:
+def run_with_rusage(label: str, cmd: list[str], env: dict[str, str], json_path: Path, cwd: Path) -> Measured:
     """Wall time, the main process's own peak RSS (``wait4``: its workers are not counted there) and
     the whole tree's peak RSS (sampled)."""
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # cwd outside the project: `python -m` puts the cwd first on sys.path, ahead of PYTHONPATH
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
     peak = [0]
     done = threading.Event()
 
@@ -98,7 +99,8 @@ def generate(hosts: int, root: Path) -> tuple[Path, int]:
     out = root / f"pod{hosts}"
     if not out.exists():
         subprocess.run([sys.executable, "-m", "tpuanalyze.cli", "generate", "--model", "resnet50",
-                        "--chips", str(hosts * 4), "--out", str(out)], check=True, capture_output=True)
+                        "--chips", str(hosts * 4), "--out", str(out)], check=True, capture_output=True,
+                       cwd=root)
     run = next((out / "plugins" / "profile").iterdir())
     return run, sum(p.stat().st_size for p in run.glob("*.xplane.pb"))
 
@@ -152,7 +154,7 @@ def main() -> None:
             cmd = [sys.executable, "-m", "tpuanalyze.cli", "report", str(run), "--json", str(target), "-q",
                    "--no-progress", *extra]
             print(f"{hosts} hosts: {label} ...", flush=True)
-            measured = run_with_rusage(label, cmd, env, target)
+            measured = run_with_rusage(label, cmd, env, target, args.work)
             results.append(measured)
             print(f"  {measured.wall_s:.1f} s, main {measured.main_rss_mb:.0f} MB, "
                   f"tree {measured.tree_rss_mb:.0f} MB", flush=True)
