@@ -287,3 +287,12 @@ def stats(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.nda
         raise JitWireError(ERRORS[err])
     mid, number, f64_bits, *rest = out
     return (mid, number, f64_bits.view(np.float64), *rest)
+
+
+def warm_up() -> None:
+    """Load every kernel (from numba's on-disk cache, compiling it the first time) on a tiny input."""
+    buf = np.frombuffer(b"\x08\x01", dtype=np.uint8)
+    starts, ends = np.zeros(1, np.int64), np.full(1, 2, np.int64)
+    events(buf, starts, ends)
+    stats(buf, starts, ends)
+    line_events(buf, 0, 0, 1, starts.copy(), ends.copy())

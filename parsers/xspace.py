@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -58,6 +59,7 @@ XSPACE_SUFFIX = ".xplane.pb"
 # importing numba and loading the cached kernels costs ~0.5 s and ~55 MB, which the numpy decoder
 # (~0.6 us per event more) pays back above ~1M events; below, the numpy decoder is used.
 COMPILED_MIN_EVENTS = 1_000_000
+_MIN_BYTES_PER_EVENT = 12  # an XEvent with metadata_id, offset and duration: >= 8 bytes + 2 of framing
 _MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
 
 
@@ -507,6 +509,8 @@ class XSpaceReader:
         self.file_path = str(self.path.resolve())
         where = str(self.path)
         handle, self.file_bytes = open_trace_file(self.path, "an XSpace file")
+        if decoder_mode() == "auto" and self.file_bytes >= COMPILED_MIN_EVENTS * _MIN_BYTES_PER_EVENT:
+            _Warmup.start()  # likely to be needed: overlaps the validation pass below
         with handle:
             if handle.read(2) == b"\x1f\x8b":
                 raise TraceFormatError("gzip-compressed data, not a raw XSpace protobuf", where)
@@ -557,7 +561,9 @@ class XSpaceReader:
         self.t0_ns: int | None = min(stamps)[0] if stamps else None
         if stamps:
             _check_line_span(stamps, names, self._line_rows, where)
-        self._jit = compiled_decoder() if self.num_events >= COMPILED_MIN_EVENTS else None
+        mode = decoder_mode()
+        wanted = mode == "compiled" or mode == "auto" and self.num_events >= COMPILED_MIN_EVENTS
+        self._jit = compiled_decoder() if wanted else None
 
     def release(self) -> None:
         """Forget the plane ranges once streamed."""
@@ -738,17 +744,54 @@ class XSpaceReader:
         )
 
 
+class _Warmup:
+    """Imports numba and loads the cached kernels in a background thread, once per process.
+
+    Why: that costs ~1 s (more on a busy machine), mostly in LLVM (ctypes calls that release the
+    GIL), so started when a large file is opened it overlaps the file's validation pass.
+    """
+
+    _lock = threading.Lock()
+    _thread: threading.Thread | None = None
+    _module: Any = None
+
+    @classmethod
+    def start(cls) -> None:
+        with cls._lock:
+            if cls._thread is None:
+                cls._thread = threading.Thread(target=cls._load, name="tpuanalyze-jit-warmup", daemon=True)
+                cls._thread.start()
+
+    @classmethod
+    def _load(cls) -> None:
+        try:
+            from tpuanalyze.parsers import wire_jit
+
+            wire_jit.warm_up()
+            cls._module = wire_jit
+        except Exception:  # numba missing or broken here: the numpy decoder reads every file
+            cls._module = None
+
+    @classmethod
+    def result(cls) -> Any:
+        cls.start()
+        assert cls._thread is not None
+        cls._thread.join()
+        return cls._module
+
+
+def decoder_mode() -> str:
+    """``TPUANALYZE_DECODER``: 'numpy' (never compile), 'compiled' (every file), else 'auto' (by size)."""
+    mode = os.environ.get("TPUANALYZE_DECODER", "auto")
+    return mode if mode in ("numpy", "compiled") else "auto"
+
+
 def compiled_decoder() -> Any:
-    """The compiled kernels module (``parsers.wire_jit``), or None where numba cannot load (the
-    numpy decoder then reads every file: same results, slower). Set ``TPUANALYZE_DECODER=numpy``
-    to force the numpy decoder."""
-    if os.environ.get("TPUANALYZE_DECODER") == "numpy":
+    """The compiled kernels module (``parsers.wire_jit``), or None when ``TPUANALYZE_DECODER=numpy``
+    or where numba cannot load (the numpy decoder then reads every file: same results, slower)."""
+    if decoder_mode() == "numpy":
         return None
-    try:
-        from tpuanalyze.parsers import wire_jit
-    except ImportError:
-        return None
-    return wire_jit
+    return _Warmup.result()
 
 
 def _check_line_span(
