@@ -56,9 +56,10 @@ from tpuanalyze.proto import xplane_pb2
 
 XSPACE_SUFFIX = ".xplane.pb"
 # Files with at least this many events are decoded by the compiled kernels (parsers.wire_jit):
-# importing numba and loading the cached kernels costs ~0.5 s and ~55 MB, which the numpy decoder
-# (~0.6 us per event more) pays back above ~1M events; below, the numpy decoder is used.
-COMPILED_MIN_EVENTS = 1_000_000
+# importing numba and loading its cached kernels costs 1-2 CPU s and ~120 MB of RSS once per
+# process, which the kernels (~0.7 CPU us per event less than the numpy decoder) pay back from
+# ~2.5M events on (benchmarks/results/bench_decode.md); smaller files keep the numpy decoder.
+COMPILED_MIN_EVENTS = 3_000_000
 _MIN_BYTES_PER_EVENT = 12  # an XEvent with metadata_id, offset and duration: >= 8 bytes + 2 of framing
 _MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
 
