@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             checks.append((f"{r.contender} >= {TARGET_RATIO_VS_XPROF:.0f}x xprof events per CPU second",
                            cpu_ratio >= TARGET_RATIO_VS_XPROF, f"{cpu_ratio:.2f}x"))
     else:
-        checks.append(("ratio vs xprof", False, "xprof baseline skipped: interpreter missing"))
+        why = "--no-xprof" if args.no_xprof else "interpreter missing"
+        checks.append(("ratio vs xprof", False, f"xprof baseline skipped: {why}"))
     for r in results:
         if r.contender.startswith("tpuanalyze ingest"):
             checks.append((f"{r.contender} >= {TARGET_EVENTS_PER_S / 1e6:.0f}M events/s end to end",
