@@ -60,7 +60,10 @@ XSPACE_SUFFIX = ".xplane.pb"
 # process, which the kernels (~0.7 CPU us per event less than the numpy decoder) pay back from
 # ~2.5M events on (benchmarks/results/bench_decode.md); smaller files keep the numpy decoder.
 COMPILED_MIN_EVENTS = 3_000_000
-_MIN_BYTES_PER_EVENT = 12  # an XEvent with metadata_id, offset and duration: >= 8 bytes + 2 of framing
+# The warm-up starts when the file is opened if it is at least this many bytes per event of the
+# threshold (events on TPU core lines take ~19 bytes); smaller files that turn out to hold enough
+# events load the kernels after validation instead.
+_WARMUP_BYTES_PER_EVENT = 20
 _MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
 
 
@@ -510,7 +513,7 @@ class XSpaceReader:
         self.file_path = str(self.path.resolve())
         where = str(self.path)
         handle, self.file_bytes = open_trace_file(self.path, "an XSpace file")
-        if decoder_mode() == "auto" and self.file_bytes >= COMPILED_MIN_EVENTS * _MIN_BYTES_PER_EVENT:
+        if decoder_mode() == "auto" and self.file_bytes >= COMPILED_MIN_EVENTS * _WARMUP_BYTES_PER_EVENT:
             _Warmup.start()  # likely to be needed: overlaps the validation pass below
         with handle:
             if handle.read(2) == b"\x1f\x8b":

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SAMPLE_TRACES, SHARED_TRACES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tpuanalyze.parsers import wire
 from tpuanalyze.parsers.xspace import XSpaceReader, compiled_decoder
 
-from tests.conftest import SAMPLE_TRACES, SHARED_TRACES
 from tpuanalyze.errors import TraceFormatError
 from tpuanalyze.proto import xplane_pb2
 
