@@ -776,13 +776,23 @@ class _Warmup:
     _lock = threading.Lock()
     _thread: threading.Thread | None = None
     _module: Any = None
+    _pid: int | None = None  # a forked worker starts its own (the parent's thread is not in it)
 
     @classmethod
     def start(cls) -> None:
         with cls._lock:
-            if cls._thread is None:
+            if cls._thread is None or cls._pid != os.getpid():
+                if cls._pid is None:  # a fork waits for the warm-up: a child must not inherit its locks
+                    os.register_at_fork(before=cls._finish)
+                cls._pid, cls._module = os.getpid(), None
                 cls._thread = threading.Thread(target=cls._load, name="tpuanalyze-jit-warmup", daemon=True)
                 cls._thread.start()
+
+    @classmethod
+    def _finish(cls) -> None:
+        thread = cls._thread
+        if thread is not None and thread.is_alive() and cls._pid == os.getpid():
+            thread.join()
 
     @classmethod
     def _load(cls) -> None:

@@ -207,3 +207,25 @@ def test_small_files_do_not_import_numba() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_forked_worker_gets_the_compiled_decoder() -> None:
+    """A worker forked while the kernels load in the background (the warm-up a large file starts)
+    gets the compiled decoder too: the fork waits for the warm-up, never deadlocks on its locks."""
+    code = (
+        "import multiprocessing as mp, os\n"
+        "os.environ['TPUANALYZE_DECODER'] = 'compiled'\n"
+        "from tpuanalyze.parsers import xspace\n"
+        "xspace._Warmup.start()\n"
+        "def child(q):\n"
+        "    q.put(xspace.compiled_decoder() is not None)\n"
+        "ctx = mp.get_context('fork')\n"
+        "q = ctx.Queue()\n"
+        "p = ctx.Process(target=child, args=(q,))\n"
+        "p.start()\n"
+        "print(q.get(timeout=120))\n"
+        "p.join()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True"
