@@ -84,8 +84,11 @@ class DaskExecutor(concurrent.futures.Executor):
             reason = "a Dask worker died while running this task (KilledWorker; see the worker's log)"
         elif name in ("CancelledError", "FutureCancelledError"):
             reason = f"the Dask task was cancelled (scheduler {self._address} lost or restarted?)"
-        elif isinstance(exc, ModuleNotFoundError | ImportError):
-            reason = f"a Dask worker cannot run the task: {_first_line(exc)} (install tpuanalyze on the workers)"
+        elif isinstance(exc, ImportError) or "deserializ" in str(exc):
+            reason = (
+                f"a Dask worker cannot load the task ({_first_line(exc)}): install the same tpuanalyze "
+                "on the workers"
+            )
         else:
             reason = f"failed on a Dask worker: {_first_line(exc)}"
         return TpuAnalyzeError(reason, subject or self._address)
