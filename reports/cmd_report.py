@@ -38,13 +38,14 @@ def is_duckdb_file(path: Path) -> bool:
     return len(head) == 12 and head[8:12] == DUCKDB_MAGIC
 
 
-def _check_exists(paths: Sequence[Path]) -> None:
+def _check_exists(paths: Sequence[Path | str]) -> None:
+    """Local paths exist (URLs are checked when they are listed)."""
     for path in paths:
-        if not path.exists():
+        if isinstance(path, Path) and not path.exists():
             raise TpuAnalyzeError("no such file or directory", str(path))
 
 
-def _ingest(paths: Sequence[Path], db_path: Path, show_progress: bool) -> list[int]:
+def _ingest(paths: Sequence[Path | str], db_path: Path, show_progress: bool) -> list[int]:
     from tpuanalyze.store.ingest import ingest_paths
 
     summary = ingest_paths(list(paths), db_path, progress=show_progress)
@@ -215,7 +216,7 @@ def _write_html(
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--db",
     "db_path",
@@ -278,7 +279,7 @@ def _write_html(
 )
 @wait_option
 def command(
-    paths: tuple[Path, ...],
+    paths: tuple[Path | str, ...],
     db_path: Path | None,
     json_path: str | None,
     html_path: Path | None,
@@ -298,6 +299,9 @@ def command(
       tpuanalyze report sample_traces/generated/resnet50_v3-32_baseline sample_traces/jax_cpu/pmap8_train_eval --db runs.duckdb --json report.json
       tpuanalyze report runs.duckdb --sql --html runs.html
     """  # noqa: E501 (example lines are shown as they are typed)
+    from tpuanalyze.parsers.remote import is_url
+
+    paths = tuple(p if is_url(p) else Path(p) for p in paths)  # URLs: docs/cluster.md
     _check_exists(paths)
     for target in (json_path, html_path):  # fail before a long analysis, not after it
         if target is not None and str(target) != "-" and not Path(target).resolve().parent.is_dir():
@@ -308,12 +312,15 @@ def command(
         from tpuanalyze.analyzer.config import load_thresholds
 
         load_thresholds(thresholds)
+    if with_xprof and any(isinstance(p, str) for p in paths):
+        raise TpuAnalyzeError("--xprof reads local files only; give the local path of the traces",
+                              next(p for p in paths if isinstance(p, str)))
     if with_xprof:  # before a long analysis: without XProf, one line saying how to get it
         from tpuanalyze.reports.xprof_side import xprof_python
 
         xprof_python()
     show = progress.resolve_enabled(show_progress)
-    databases = [p for p in paths if is_duckdb_file(p)]
+    databases = [p for p in paths if isinstance(p, Path) and is_duckdb_file(p)]
     if databases:
         if len(paths) > 1:
             raise TpuAnalyzeError("give either one database or trace paths, not both", str(databases[0]))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -26,3 +29,27 @@ def wait_option(command: Any) -> Any:
         metavar="SECONDS",
         help="Wait up to SECONDS for another process using the database (default 600, or TPUANALYZE_WAIT).",
     )(command)
+
+
+def scheduler_option(command: Any) -> Any:
+    """``--scheduler ADDRESS``: run the per-host map on a Dask distributed cluster (docs/cluster.md)."""
+    return click.option(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="Run the per-host map on the Dask cluster at ADDRESS (tcp://host:8786, or a scheduler "
+        "file); inputs must be readable by its workers: shared paths or URLs (docs/cluster.md).",
+    )(command)
+
+
+@contextmanager
+def map_executor(scheduler: str | None) -> Iterator[Executor | None]:
+    """The executor for the per-host map: the Dask cluster's with ``--scheduler``, else None (the
+    orchestration's own local workers)."""
+    if scheduler is None:
+        yield None
+        return
+    from tpuanalyze.cluster import dask_executor
+
+    with dask_executor(scheduler) as executor:
+        yield executor
