@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 from tpuanalyze.reports import progress
-from tpuanalyze.reports.options import wait_option
+from tpuanalyze.reports.options import scheduler_option, wait_option, workers_option
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -45,10 +45,21 @@ def _check_exists(paths: Sequence[Path | str]) -> None:
             raise TpuAnalyzeError("no such file or directory", str(path))
 
 
-def _ingest(paths: Sequence[Path | str], db_path: Path, show_progress: bool) -> list[int]:
-    from tpuanalyze.store.ingest import ingest_paths
+def _ingest(
+    paths: Sequence[Path | str],
+    db_path: Path,
+    show_progress: bool,
+    workers: int | None = None,
+    scheduler: str | None = None,
+) -> list[int]:
+    from tpuanalyze.reports.options import map_executor
 
-    summary = ingest_paths(list(paths), db_path, progress=show_progress)
+    from tpuanalyze.pipeline import ingest_paths
+
+    with map_executor(scheduler, workers) as executor:  # the Dask cluster's, with --scheduler
+        summary = ingest_paths(
+            list(paths), db_path, progress=show_progress, workers=workers, executor=executor
+        )
     return list(summary.run_ids)
 
 
@@ -277,6 +288,8 @@ def _write_html(
     default=None,
     help="Progress bars on stderr (default: only when stderr is a terminal).",
 )
+@workers_option
+@scheduler_option
 @wait_option
 def command(
     paths: tuple[Path | str, ...],
@@ -290,6 +303,8 @@ def command(
     quiet: bool,
     show_progress: bool | None,
     keep_warmup: bool = False,
+    workers: int | None = None,
+    scheduler: str | None = None,
 ) -> None:
     """Analyse traces (or a tpuanalyze database) and report: terminal summary, --html, --json.
 
@@ -328,6 +343,10 @@ def command(
             raise TpuAnalyzeError(
                 "--db is for ingesting traces; the PATH is already a database", str(db_path)
             )
+        if scheduler is not None:
+            raise TpuAnalyzeError(
+                "--scheduler runs the ingest of traces; the PATH is already a database", str(databases[0])
+            )
         analyses, series = analyse(databases[0], None, run_selectors, thresholds, show, with_xprof,
                                    keep_warmup)
         database_note = str(databases[0])
@@ -336,7 +355,7 @@ def command(
             raise TpuAnalyzeError("--run selects runs of a database PATH; trace PATHs are all reported")
         with tempfile.TemporaryDirectory(prefix="tpuanalyze-report-") as tmp:
             target = db_path if db_path is not None else Path(tmp) / "report.duckdb"
-            run_ids = _ingest(paths, target, show)
+            run_ids = _ingest(paths, target, show, workers, scheduler)
             if db_path is not None and thresholds is not None:
                 # ingest installed the default-threshold views; custom thresholds replace them
                 _install_views(db_path, thresholds)

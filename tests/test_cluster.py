@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SAMPLE_TRACES, missing_tool
+from test_report_pipeline import cli, generated_run
 
 from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 
@@ -181,7 +182,7 @@ def test_a_bad_file_at_a_url_is_reported_under_the_url(tmp_path: Path) -> None:
 
 
 def test_tasks_run_on_the_cluster_workers(scheduler: str) -> None:
-    from tpuanalyze.cluster import dask_executor
+    from tpuanalyze.pipeline.cluster import dask_executor
 
     with dask_executor(scheduler) as executor:
         pids = {executor.submit(os.getpid).result(timeout=60) for _ in range(3)}
@@ -193,7 +194,7 @@ def test_tasks_run_on_the_cluster_workers(scheduler: str) -> None:
 
 
 def test_a_task_error_arrives_as_raised_and_a_dead_worker_as_one_line(scheduler: str, tmp_path: Path) -> None:
-    from tpuanalyze.cluster import dask_executor
+    from tpuanalyze.pipeline.cluster import dask_executor
 
     missing = (tmp_path / "gone.xplane.pb").as_uri()
     with dask_executor(scheduler) as executor:
@@ -208,7 +209,7 @@ def test_a_task_error_arrives_as_raised_and_a_dead_worker_as_one_line(scheduler:
 
 
 def test_an_unreachable_scheduler_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuanalyze import cluster
+    from tpuanalyze.pipeline import cluster
 
     monkeypatch.setattr(cluster, "CONNECT_SECONDS", 2.0)
     started = time.monotonic()
@@ -223,7 +224,7 @@ def test_an_unreachable_scheduler_is_one_line(monkeypatch: pytest.MonkeyPatch) -
 def test_without_dask_installed_the_scheduler_option_says_how_to_install_it() -> None:
     code = (
         "import sys; sys.modules['distributed'] = None\n"
-        "from tpuanalyze.cluster import dask_executor\n"
+        "from tpuanalyze.pipeline.cluster import dask_executor\n"
         "from tpuanalyze.errors import TpuAnalyzeError\n"
         "try:\n"
         "    dask_executor('tcp://127.0.0.1:8786').__enter__()\n"
@@ -233,3 +234,97 @@ def test_without_dask_installed_the_scheduler_option_says_how_to_install_it() ->
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "--scheduler needs Dask distributed: pip install 'tpuanalyze[cluster]'"
 
+
+
+# --- the CLI on the cluster -----------------------------------------------------------------------
+
+
+def _multi_host_run() -> Path:
+    run = generated_run(model="resnet50", chips=32, hosts=4, steps=3)
+    assert len(list(run.glob("*.xplane.pb"))) == 4
+    return run
+
+
+def _report_json(tmp_path: Path, name: str, *args: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    proc = cli("report", *args, "--json", str(out), "--quiet", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+def test_report_on_the_cluster_equals_one_local_worker(scheduler: str, tmp_path: Path) -> None:
+    run = _multi_host_run()
+    local = _report_json(tmp_path, "local", str(run), "--workers", "1")
+    remote = _report_json(tmp_path, "remote", str(run), "--scheduler", scheduler)
+    assert remote == local
+    assert len(local["runs"]) == 1 and local["runs"][0]["findings"]
+
+
+def test_a_url_input_on_the_cluster_is_the_same_run_as_its_local_path(scheduler: str, tmp_path: Path) -> None:
+    import duckdb
+
+    run = _multi_host_run()
+    by_path = _report_json(tmp_path, "path", str(run), "--workers", "1")
+    by_url = _report_json(tmp_path, "url", run.as_uri(), "--scheduler", scheduler)
+    assert by_url == by_path
+    db = tmp_path / "url.duckdb"
+    proc = cli("ingest", run.as_uri(), "--db", str(db), "--scheduler", scheduler, "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        (source,) = con.execute("SELECT source_path FROM runs").fetchone()
+        files = sorted(r[0] for r in con.execute("SELECT file_path FROM hosts").fetchall())
+    finally:
+        con.close()
+    assert source == run.as_uri()  # the URL, never a temporary copy
+    assert files == sorted(p.as_uri() for p in run.glob("*.xplane.pb"))
+
+
+def _fingerprint(db: Path) -> list:
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(
+            "SELECT run_id, name, source_path, num_events FROM runs ORDER BY run_id"
+        ).fetchall() + con.execute("SELECT count(*), sum(duration_ps) FROM events").fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def kept_db(tmp_path: Path) -> Path:
+    """A database already holding one run, to show a failed call leaves it as it was."""
+    db = tmp_path / "kept.duckdb"
+    proc = cli("ingest", str(SAMPLE_TRACES / "generated" / "resnet50_v3-32_baseline"), "--db", str(db))
+    assert proc.returncode == 0, proc.stderr
+    return db
+
+
+def test_an_unreachable_scheduler_is_one_line_exit_2_database_unchanged(kept_db: Path) -> None:
+    before = _fingerprint(kept_db)
+    proc = cli("ingest", str(_multi_host_run()), "--db", str(kept_db), "--scheduler", "tcp://127.0.0.1:9",
+               env={"TPUANALYZE_DASK_CONNECT_TIMEOUT": "2"})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("tpuanalyze: error: tcp://127.0.0.1:9: cannot reach the Dask scheduler: ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert _fingerprint(kept_db) == before
+
+
+def test_a_failing_host_on_the_cluster_is_one_line_exit_2_database_unchanged(
+    scheduler: str, kept_db: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    run = tmp_path / "logdir" / "plugins" / "profile" / "broken_run"
+    shutil.copytree(_multi_host_run(), run)
+    victim = sorted(run.glob("*.xplane.pb"))[2]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    before = _fingerprint(kept_db)
+    for target in (str(run), run.as_uri()):
+        proc = cli("ingest", target, "--db", str(kept_db), "--scheduler", scheduler)
+        assert proc.returncode == 2, proc.stderr
+        named = str(victim) if target == str(run) else victim.as_uri()
+        assert proc.stderr.startswith(f"tpuanalyze: error: {named}: "), proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert _fingerprint(kept_db) == before
