@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLE_TRACES, missing_tool
+from conftest import SAMPLE_TRACES, missing_tool, run_cli
 from test_report_pipeline import cli, generated_run
 
 from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
@@ -252,24 +252,30 @@ def _report_json(tmp_path: Path, name: str, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_report_on_the_cluster_equals_one_local_worker(scheduler: str, tmp_path: Path) -> None:
-    run = _multi_host_run()
-    local = _report_json(tmp_path, "local", str(run), "--workers", "1")
-    remote = _report_json(tmp_path, "remote", str(run), "--scheduler", scheduler)
-    assert remote == local
-    assert len(local["runs"]) == 1 and local["runs"][0]["findings"]
+@pytest.fixture(scope="module")
+def local_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The multi-host run's report JSON with the map in this process (``--workers 1``)."""
+    return _report_json(tmp_path_factory.mktemp("local"), "local", str(_multi_host_run()), "--workers", "1")
 
 
-def test_a_url_input_on_the_cluster_is_the_same_run_as_its_local_path(scheduler: str, tmp_path: Path) -> None:
+def test_report_on_the_cluster_equals_one_local_worker(
+    scheduler: str, local_report: dict, tmp_path: Path
+) -> None:
+    remote = _report_json(tmp_path, "remote", str(_multi_host_run()), "--scheduler", scheduler)
+    assert remote == local_report
+    (run_summary,) = local_report["runs"]
+    assert abs(sum(run_summary["breakdown"].values()) - 1.0) < 1e-6
+
+
+def test_a_url_input_on_the_cluster_is_the_same_run_as_its_local_path(
+    scheduler: str, local_report: dict, tmp_path: Path
+) -> None:
     import duckdb
 
     run = _multi_host_run()
-    by_path = _report_json(tmp_path, "path", str(run), "--workers", "1")
-    by_url = _report_json(tmp_path, "url", run.as_uri(), "--scheduler", scheduler)
-    assert by_url == by_path
     db = tmp_path / "url.duckdb"
-    proc = cli("ingest", run.as_uri(), "--db", str(db), "--scheduler", scheduler, "--no-progress")
-    assert proc.returncode == 0, proc.stderr
+    by_url = _report_json(tmp_path, "url", run.as_uri(), "--scheduler", scheduler, "--db", str(db))
+    assert by_url == local_report
     con = duckdb.connect(str(db), read_only=True)
     try:
         (source,) = con.execute("SELECT source_path FROM runs").fetchone()
@@ -278,6 +284,15 @@ def test_a_url_input_on_the_cluster_is_the_same_run_as_its_local_path(scheduler:
         con.close()
     assert source == run.as_uri()  # the URL, never a temporary copy
     assert files == sorted(p.as_uri() for p in run.glob("*.xplane.pb"))
+
+
+def test_workers_and_scheduler_exclude_each_other(tmp_path: Path) -> None:
+    db = tmp_path / "unused.duckdb"
+    proc = run_cli("ingest", str(_multi_host_run()), "--db", str(db), "--workers", "2",
+                   "--scheduler", "tcp://127.0.0.1:9")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("tpuanalyze: error: --workers sets the local worker processes")
+    assert not db.exists()
 
 
 def _fingerprint(db: Path) -> list:

@@ -8,21 +8,33 @@ there, and turns every way a remote task can fail into the one-line ``TpuAnalyze
 prints (exit 2): an error the task raised itself (a bad trace file) arrives as it was raised; a
 worker that died or could not run the task is named with the reason.
 
+Results come back as bytes, not as paths: a host's load (``tasks.load_host``) writes its Parquet
+parts into a scratch folder on the worker, and what returns to this process is those files'
+bytes, written here where the orchestration's staging folder expects them. So workers need no
+filesystem shared with the client (a cluster reading a ``gs://`` logdir rarely has one), and
+the data crosses the network once, as it must anyway to reach the one DuckDB writer. Parts are
+zstd-compressed Parquet, a fraction of the trace file.
+
 Dask is an optional dependency (``pip install 'tpuanalyze[cluster]'``); it is imported only here.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.pipeline.tasks import Loaded, LoadTask, forget_kept, load_host
 
 INSTALL_HINT = "pip install 'tpuanalyze[cluster]'"
 # Seconds to reach the scheduler, then for a first worker to be connected to it (a cluster being
@@ -41,10 +53,56 @@ def _task_subject(args: tuple[Any, ...]) -> str | None:
     return next((str(a) for a in args if isinstance(a, str)), None)
 
 
+@dataclasses.dataclass
+class ShippedParts:
+    """A host's load as it travels back from a worker: the result, and its part files' bytes by
+    the path each must have in the client's staging folder."""
+
+    loaded: Loaded
+    blobs: dict[str, bytes]
+
+
+def load_host_shipped(task: LoadTask) -> ShippedParts:
+    """``load_host`` on a worker, into a scratch folder of the worker's own; the parts come back as
+    bytes (the scratch folder is removed)."""
+    scratch = tempfile.mkdtemp(prefix="tpuanalyze-parts-")
+    try:
+        loaded = load_host(dataclasses.replace(task, staging=scratch))
+        blobs: dict[str, bytes] = {}
+        if loaded.parts is not None:
+            for table, path in loaded.parts.files.items():
+                if path:
+                    target = str(Path(task.staging) / Path(path).relative_to(scratch))
+                    blobs[target] = Path(path).read_bytes()
+                    loaded.parts.files[table] = target
+        return ShippedParts(loaded, blobs)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def unpack_parts(shipped: ShippedParts) -> Loaded:
+    """Write a shipped host's parts where the client's staging folder expects them."""
+    for target, data in shipped.blobs.items():
+        path = Path(target)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        except OSError as exc:
+            reason = f"cannot write a host's Parquet part: {exc.strerror or exc}"
+            raise TpuAnalyzeError(reason, target) from None
+    return shipped.loaded
+
+
+# Tasks that write files on the worker, and how they run on a cluster instead: the variant that
+# ships its files back, and what turns its result into the original task's.
+SHIPPED = {load_host: (load_host_shipped, unpack_parts)}
+
+
 class DaskExecutor(concurrent.futures.Executor):
     """A ``concurrent.futures.Executor`` over ``client.submit``: each task runs once on some worker
     (``pure=False``: the same path submitted twice is read twice), its result comes back to this
-    process, and a failure arrives as a ``TpuAnalyzeError`` from ``Future.result()``."""
+    process, and a failure arrives as a ``TpuAnalyzeError`` from ``Future.result()``. A task that
+    writes files (``load_host``) runs as its shipping variant (``SHIPPED``)."""
 
     def __init__(self, client: Any, address: str) -> None:
         self._client = client
@@ -57,6 +115,7 @@ class DaskExecutor(concurrent.futures.Executor):
         if self._shutdown:
             raise RuntimeError("cannot submit after shutdown")
         result: concurrent.futures.Future = concurrent.futures.Future()
+        fn, unpack = SHIPPED.get(fn, (fn, None))
         remote = self._client.submit(fn, *args, pure=False, **kwargs)
         with self._lock:
             self._pending.add(remote)
@@ -68,7 +127,8 @@ class DaskExecutor(concurrent.futures.Executor):
             if not result.set_running_or_notify_cancel():
                 return
             try:
-                result.set_result(done.result())
+                value = done.result()
+                result.set_result(unpack(value) if unpack is not None else value)
             except BaseException as exc:  # noqa: B036 - every failure reaches the caller as one line
                 result.set_exception(self._translate(exc, subject))
 
@@ -148,6 +208,10 @@ def dask_executor(address: str) -> Iterator[DaskExecutor]:
             yield executor
         finally:
             executor.shutdown(wait=False, cancel_futures=True)
+            try:  # readers a worker's probe kept for a load that ran elsewhere: not for the next call
+                client.run(forget_kept)
+            except Exception:
+                pass
             try:
                 client.close(timeout=CONNECT_SECONDS)
             except Exception:  # a scheduler already gone: nothing left to close
