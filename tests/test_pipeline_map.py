@@ -9,12 +9,15 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import duckdb
 import pytest
 from conftest import run_cli_process
+from test_report_progress import _read_all
 from tpuanalyze.generator import generate
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -179,3 +182,23 @@ def test_a_worker_that_dies_leaves_the_database_as_it_was(
     assert "worker process died" in str(caught.value)
     assert _digest(db) == before
     assert not list(tmp_path.glob(".tpuanalyze-staging-*"))
+
+
+def test_ingest_progress_shows_hosts_events_per_second_and_eta_on_a_terminal(
+    pod: Path, tmp_path: Path
+) -> None:
+    master, slave = os.openpty()
+    env = {**os.environ, "COLUMNS": "160", "TERM": "xterm-256color"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpuanalyze.cli", "ingest", str(pod), "--db", str(tmp_path / "p.duckdb"),
+         "--workers", "2"],
+        stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL, env=env, cwd=tmp_path,
+    )
+    os.close(slave)
+    output = _read_all(master, proc, timeout=300).decode("utf-8", "replace")
+    os.close(master)
+    assert proc.wait(timeout=60) == 0, output
+    assert "4/4" in output and "hosts" in output  # hosts done of total
+    assert "events/s" in output and "ETA" in output
+    assert "\x1b[" in output

@@ -121,6 +121,10 @@ def ingest_paths(
                         if (p := item.parts) is not None and p.retried]
         _commit(db_path, runs, mlperf, parquet, summary)
         summary.notes.extend(dict.fromkeys(worker_notes))
+    except BaseException as exc:
+        if own_executor and not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: stop the workers now
+            _stop_now(executor)
+        raise
     finally:
         if own_executor:
             executor.shutdown(wait=True, cancel_futures=True)
@@ -212,10 +216,29 @@ def _map(executor: Executor, fn, tasks: list, items: list[HostInput], bar: Inges
                 raise TraceFormatError(result.error.reason, result.error.path)
             results.append(result)
         return results
-    finally:
+    except Exception:
         for future in futures:
             future.cancel()
-        wait(futures)
+        wait(futures)  # the tasks still running finish (a bad host stops the call, not them mid-write)
+        raise
+    # Ctrl-C or SIGTERM (BaseException) propagates at once: ``ingest_paths`` ends its pool's workers
+    # (cancelling their futures first would make the pool's own thread fail on them).
+
+
+def _stop_now(executor: Executor) -> None:
+    """Ctrl-C or SIGTERM: end our pool's worker processes at once (a host may take minutes); the
+    staging folder they wrote to is removed after."""
+    processes = getattr(executor, "_processes", None) or {}
+    for process in list(processes.values()):
+        try:
+            process.terminate()
+        except (OSError, AttributeError):
+            pass
+    for process in list(processes.values()):
+        try:
+            process.join(timeout=5)
+        except (OSError, AttributeError, AssertionError):
+            pass
 
 
 def _failed_already(future: Future) -> bool:
