@@ -343,3 +343,25 @@ def test_a_failing_host_on_the_cluster_is_one_line_exit_2_database_unchanged(
         assert proc.stderr.startswith(f"tpuanalyze: error: {named}: "), proc.stderr
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
         assert _fingerprint(kept_db) == before
+
+
+def test_parquet_parts_shipped_from_the_cluster_hold_the_same_events(scheduler: str, tmp_path: Path) -> None:
+    import duckdb
+
+    run = _multi_host_run()
+    local_db, cluster_db = tmp_path / "local.duckdb", tmp_path / "cluster.duckdb"
+    for args in (("--db", str(local_db), "--workers", "1"),
+                 ("--db", str(cluster_db), "--parquet", str(tmp_path / "events"), "--scheduler", scheduler)):
+        proc = cli("ingest", str(run), *args)
+        assert proc.returncode == 0, proc.stderr
+    query = "SELECT * EXCLUDE (run_id) FROM events ORDER BY ALL"
+    rows = []
+    for db in (local_db, cluster_db):
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            rows.append(con.execute(query).fetchall())
+        finally:
+            con.close()
+    assert rows[0] == rows[1] and len(rows[0]) > 10_000
+    hosts = sorted(p.name for p in (tmp_path / "events" / "event_rows" / "run_id=1").iterdir())
+    assert hosts == sorted(f"host={p.name.removesuffix('.xplane.pb')}" for p in run.glob("*.xplane.pb"))

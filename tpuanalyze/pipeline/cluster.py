@@ -173,9 +173,7 @@ def _quiet_distributed() -> Iterator[None]:
     level = logger.level
     logger.setLevel(logging.CRITICAL + 1)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. version-mismatch warnings, "Port in use"
-            yield
+        yield
     finally:
         logger.setLevel(level)
 
@@ -191,10 +189,12 @@ def dask_executor(address: str) -> Iterator[DaskExecutor]:
         raise TpuAnalyzeError(f"--scheduler needs Dask distributed: {INSTALL_HINT}") from None
     with _quiet_distributed():
         try:
-            if address.endswith(".json") and os.path.isfile(address):
-                client = Client(scheduler_file=address, timeout=CONNECT_SECONDS, set_as_default=False)
-            else:
-                client = Client(address, timeout=CONNECT_SECONDS, set_as_default=False)
+            with warnings.catch_warnings():  # version-mismatch warnings are pages long; a task that
+                warnings.simplefilter("ignore")  # cannot load says what to install instead
+                if address.endswith(".json") and os.path.isfile(address):
+                    client = Client(scheduler_file=address, timeout=CONNECT_SECONDS, set_as_default=False)
+                else:
+                    client = Client(address, timeout=CONNECT_SECONDS, set_as_default=False)
         except Exception as exc:  # OSError (unreachable, timed out), ValueError (bad address)
             raise TpuAnalyzeError(f"cannot reach the Dask scheduler: {_first_line(exc)}", address) from None
         executor = DaskExecutor(client, address)
