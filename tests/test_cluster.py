@@ -365,3 +365,14 @@ def test_parquet_parts_shipped_from_the_cluster_hold_the_same_events(scheduler: 
     assert rows[0] == rows[1] and len(rows[0]) > 10_000
     hosts = sorted(p.name for p in (tmp_path / "events" / "event_rows" / "run_id=1").iterdir())
     assert hosts == sorted(f"host={p.name.removesuffix('.xplane.pb')}" for p in run.glob("*.xplane.pb"))
+
+
+def test_options_that_cannot_apply_to_a_url_or_a_database_are_refused(tmp_path: Path, kept_db: Path) -> None:
+    url = _sample_host_file().parent.as_uri()
+    proc = run_cli("report", url, "--xprof")
+    assert proc.returncode == 2
+    reason = "--xprof reads local files only; give the local path of the traces"
+    assert proc.stderr == f"tpuanalyze: error: {url}: {reason}\n"
+    proc = run_cli("report", str(kept_db), "--scheduler", "tcp://127.0.0.1:9")
+    assert proc.returncode == 2
+    assert "--scheduler runs the ingest of traces; the PATH is already a database" in proc.stderr

@@ -209,7 +209,7 @@ def dask_executor(address: str) -> Iterator[DaskExecutor]:
         finally:
             executor.shutdown(wait=False, cancel_futures=True)
             try:  # readers a worker's probe kept for a load that ran elsewhere: not for the next call
-                client.run(forget_kept)
+                client.run(forget_kept, wait=False)  # best effort: never blocks the exit
             except Exception:
                 pass
             try:
