@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuanalyze.errors import TpuAnalyzeError
-from tpuanalyze.pipeline.tasks import Loaded, LoadTask, forget_kept, load_host
+from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
 
 INSTALL_HINT = "pip install 'tpuanalyze[cluster]'"
 # Seconds to reach the scheduler, then for a first worker to be connected to it (a cluster being
@@ -93,16 +93,25 @@ def unpack_parts(shipped: ShippedParts) -> Loaded:
     return shipped.loaded
 
 
-# Tasks that write files on the worker, and how they run on a cluster instead: the variant that
-# ships its files back, and what turns its result into the original task's.
-SHIPPED = {load_host: (load_host_shipped, unpack_parts)}
+def probe_host_unkept(item: HostInput) -> Probe:
+    """``probe_host`` without keeping the reader for a later load: on a long-lived Dask worker a
+    kept reader would outlive the call (and could answer for a file changed since, same size)."""
+    try:
+        return probe_host(item)
+    finally:
+        forget_kept()
+
+
+# Tasks that keep state or write files on the worker, and how they run on a cluster instead: the
+# variant to run there, and what turns its result into the original task's (None: as it is).
+SHIPPED = {load_host: (load_host_shipped, unpack_parts), probe_host: (probe_host_unkept, None)}
 
 
 class DaskExecutor(concurrent.futures.Executor):
     """A ``concurrent.futures.Executor`` over ``client.submit``: each task runs once on some worker
     (``pure=False``: the same path submitted twice is read twice), its result comes back to this
     process, and a failure arrives as a ``TpuAnalyzeError`` from ``Future.result()``. A task that
-    writes files (``load_host``) runs as its shipping variant (``SHIPPED``)."""
+    writes files (``load_host``) or keeps state (``probe_host``) runs as its variant in ``SHIPPED``."""
 
     def __init__(self, client: Any, address: str) -> None:
         self._client = client
@@ -208,10 +217,6 @@ def dask_executor(address: str) -> Iterator[DaskExecutor]:
             yield executor
         finally:
             executor.shutdown(wait=False, cancel_futures=True)
-            try:  # readers a worker's probe kept for a load that ran elsewhere: not for the next call
-                client.run(forget_kept, wait=False)  # best effort: never blocks the exit
-            except Exception:
-                pass
             try:
                 client.close(timeout=CONNECT_SECONDS)
             except Exception:  # a scheduler already gone: nothing left to close
