@@ -21,6 +21,7 @@ from conftest import SAMPLE_TRACES, missing_tool, run_cli
 from test_report_pipeline import cli, generated_run
 
 from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
+from tpuanalyze.pipeline.tasks import HostInput
 
 try:
     import distributed
@@ -96,6 +97,11 @@ def _count_events(path: str, host: str) -> tuple[int, str]:
         reader = XSpaceReader(local, host)
         reader.file_path = path
         return sum(batch.num_rows for plane in reader.planes() for batch in plane.batches), reader.file_path
+
+
+def _die(item: object) -> None:
+    """A task whose worker process dies (as one killed for its memory would)."""
+    os._exit(3)
 
 
 def _sample_host_file() -> Path:
@@ -201,9 +207,10 @@ def test_a_task_error_arrives_as_raised_and_a_dead_worker_as_one_line(scheduler:
         with pytest.raises(TraceFormatError) as exc:
             executor.submit(_count_events, missing, "h").result(timeout=60)
         assert str(exc.value) == f"{missing}: no such file"
+        host = HostInput("h", "/pod/h.xplane.pb", "xspace")
         with pytest.raises(TpuAnalyzeError) as died:
-            executor.submit(os._exit, 3).result(timeout=120)
-        assert "a Dask worker died while running this task" in str(died.value)
+            executor.submit(_die, host).result(timeout=120)
+        assert str(died.value).startswith("/pod/h.xplane.pb: a Dask worker died while running this task")
         # the nanny restarts the worker: the cluster keeps serving
         assert executor.submit(os.getpid).result(timeout=120) != os.getpid()
 

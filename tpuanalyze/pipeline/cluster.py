@@ -49,8 +49,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _task_subject(args: tuple[Any, ...]) -> str | None:
-    """The input a task works on, for its error: its first string argument (tasks take paths)."""
-    return next((str(a) for a in args if isinstance(a, str)), None)
+    """The file a task works on, for its error: a string argument, or the ``path`` of an argument
+    (``HostInput``) or of its ``input`` (``LoadTask``)."""
+    for arg in args:
+        for candidate in (arg, getattr(arg, "input", None)):
+            path = candidate if isinstance(candidate, str) else getattr(candidate, "path", None)
+            if isinstance(path, str):
+                return path
+    return None
 
 
 @dataclasses.dataclass
