@@ -383,3 +383,18 @@ def test_options_that_cannot_apply_to_a_url_or_a_database_are_refused(tmp_path: 
     proc = run_cli("report", str(kept_db), "--scheduler", "tcp://127.0.0.1:9")
     assert proc.returncode == 2
     assert "--scheduler runs the ingest of traces; the PATH is already a database" in proc.stderr
+
+
+def test_without_fsspec_a_url_says_how_to_install_it() -> None:
+    code = (
+        "import sys; sys.modules['fsspec'] = None; sys.modules['fsspec.core'] = None\n"
+        "from tpuanalyze.parsers.discover import discover_inputs\n"
+        "from tpuanalyze.errors import TpuAnalyzeError\n"
+        "try:\n"
+        "    discover_inputs(['gs://bucket/logdir'])\n"
+        "except TpuAnalyzeError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    expected = "gs://bucket/logdir: reading URLs needs fsspec: pip install 'tpuanalyze[cluster]'"
+    assert out.stdout.strip() == expected
