@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import duckdb
+
 from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 from tpuanalyze.parsers.discover import RunSource, discover_inputs
 from tpuanalyze.parsers.staging import MAX_SPAN_NS
@@ -27,7 +29,7 @@ from tpuanalyze.pipeline.executors import default_workers, make_executor
 from tpuanalyze.pipeline.progress import IngestProgress
 from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
 from tpuanalyze.pipeline.views import install_default_views
-from tpuanalyze.store.commit import RunToStore, check_layout, parquet_dir_of, store_runs
+from tpuanalyze.store.commit import RunToStore, check_layout, store_runs
 from tpuanalyze.store.database import connect, open_database
 from tpuanalyze.store.parts import remove_tree
 
@@ -89,7 +91,7 @@ def ingest_paths(
         from tpuanalyze.parsers.mlperf import load_mlperf
 
         mlperf = load_mlperf(inputs.mlperf_files)
-    dataset = Path(parquet).resolve() if parquet is not None else _dataset_of(db_path)
+    dataset = _dataset_of(db_path, parquet)
     own_executor = executor is None
     if executor is None:
         count = _worker_count(workers, flat)
@@ -119,7 +121,7 @@ def ingest_paths(
         ]
         worker_notes = [p.retried for run_loaded in loaded for item in run_loaded
                         if (p := item.parts) is not None and p.retried]
-        _commit(db_path, runs, mlperf, parquet, summary)
+        _commit(db_path, runs, mlperf, parquet, dataset, summary)
         summary.notes.extend(dict.fromkeys(worker_notes))
     except BaseException as exc:
         if own_executor and not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: stop the workers now
@@ -154,19 +156,21 @@ def _worker_count(workers: int | None, flat: list[HostInput]) -> int:
     return min(default_workers(), max(len(flat), 1))
 
 
-def _dataset_of(db_path: str | Path) -> Path | None:
-    """The Parquet dataset an existing database keeps its events in (re-ingests go there too)."""
+def _dataset_of(db_path: str | Path, parquet: str | Path | None) -> Path | None:
+    """Where this ingest's event parts go: ``parquet``, or the dataset an existing database keeps
+    its events in (re-ingests go there too), or None (the database file). A layout the database
+    refuses (``store.commit.check_layout``) is refused here already, before the map's work."""
     path = Path(db_path)
     if not path.is_file():
-        return None
+        return Path(parquet).resolve() if parquet is not None else None
     try:
         con = open_database(path, read_only=True)
-    except TpuAnalyzeError:
-        return None  # the write connection reports what is wrong with the file
+    except TpuAnalyzeError:  # the write connection reports what is wrong with the file
+        return Path(parquet).resolve() if parquet is not None else None
     try:
-        return parquet_dir_of(con)
-    except Exception:  # not a tpuanalyze database: the write connection says so
-        return None
+        return check_layout(con, db_path, Path(parquet) if parquet is not None else None)
+    except duckdb.Error:  # not a tpuanalyze database: the write connection says so
+        return Path(parquet).resolve() if parquet is not None else None
     finally:
         con.close()
 
@@ -315,6 +319,7 @@ def _commit(
     runs: list[RunToStore],
     mlperf: MlperfTables | None,
     parquet: str | Path | None,
+    dataset: Path | None,
     summary: IngestSummary,
 ) -> None:
     """One connection for the load and the views: the write lock is held from the first statement
@@ -322,8 +327,14 @@ def _commit(
     on its views)."""
     con = connect(db_path)
     try:
-        dataset = check_layout(con, db_path, Path(parquet) if parquet is not None else None)
-        stored = store_runs(con, db_path, runs, mlperf, dataset)
+        layout = check_layout(con, db_path, Path(parquet) if parquet is not None else None)
+        if layout != dataset:  # the parts were written for the layout the database had before the map
+            raise TpuAnalyzeError(
+                "another process changed where the database keeps its events during this ingest; "
+                "run it again",
+                str(db_path),
+            )
+        stored = store_runs(con, db_path, runs, mlperf, layout)
         summary.run_ids, summary.names = stored.run_ids, stored.names
         summary.replaced_run_ids, summary.run_notes = stored.replaced_run_ids, stored.run_notes
         summary.planes, summary.events = stored.planes, stored.events
