@@ -13,6 +13,7 @@ Usage (from the project root)::
 
     python benchmarks/bench_pipeline.py             # 64 and 256 hosts -> results/bench_pipeline.md
     python benchmarks/bench_pipeline.py --hosts 16 --no-write
+    python benchmarks/bench_pipeline.py --ingest-only --hosts 64   # -> results/bench_pipeline_ingest.md
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from bench_ingest import snapshot_commit  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = PROJECT_ROOT / "benchmarks" / "results" / "bench_pipeline.md"
+INGEST_RESULTS = PROJECT_ROOT / "benchmarks" / "results" / "bench_pipeline_ingest.md"
 
 
 @dataclass
@@ -133,6 +135,8 @@ def main() -> None:
     parser.add_argument("--commit", default="HEAD", help="revision run with --workers")
     parser.add_argument("--work", type=Path, default=Path("/tmp/tpuanalyze_bench_pipeline"))
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--ingest-only", action="store_true",
+                        help="time `tpuanalyze ingest DIR --db FILE` instead of `report DIR`")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     baseline_commit = snapshot_commit(args.baseline, args.work / "baseline")
@@ -153,27 +157,35 @@ def main() -> None:
             target.unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "tpuanalyze.cli", "report", str(run), "--json", str(target), "-q",
                    "--no-progress", *extra]
+            if args.ingest_only:
+                db = args.work / f"ingest-{hosts}-{len(results)}.duckdb"
+                db.unlink(missing_ok=True)
+                cmd = [sys.executable, "-m", "tpuanalyze.cli", "ingest", str(run), "--db", str(db),
+                       "--no-progress", *extra]
             print(f"{hosts} hosts: {label} ...", flush=True)
             measured = run_with_rusage(label, cmd, env, target, args.work)
             results.append(measured)
             print(f"  {measured.wall_s:.1f} s, main {measured.main_rss_mb:.0f} MB, "
                   f"tree {measured.tree_rss_mb:.0f} MB", flush=True)
-        same = [", ".join(run_lists(results[0].report, r.report)) or "identical" for r in results[1:]]
+        same = ["(not compared)" if args.ingest_only else ", ".join(run_lists(results[0].report, r.report))
+                or "identical" for r in results[1:]]
         rows.append((hosts, size, results, same))
-    text = render(rows, baseline_commit, head)
+    text = render(rows, baseline_commit, head, "ingest DIR --db FILE" if args.ingest_only else "report DIR")
     print(text)
     if not args.no_write:
-        RESULTS.write_text(text, encoding="utf-8")
-        print(f"wrote {RESULTS}")
+        results = INGEST_RESULTS if args.ingest_only else RESULTS
+        results.write_text(text, encoding="utf-8")
+        print(f"wrote {results}")
 
 
-def render(rows, baseline_commit: str, head: str) -> str:
+def render(rows, baseline_commit: str, head: str, verb: str = "report DIR") -> str:
+    wall = "ingest + analysis + JSON" if verb.startswith("report") else "discover, read, load, views"
     lines = [
-        "# Pipeline: `tpuanalyze report DIR` on generated pods, --workers 1 vs 2 vs the baseline",
+        f"# Pipeline: `tpuanalyze {verb}` on generated pods, --workers 1 vs 2 vs the baseline",
         "",
         f"Written by `benchmarks/bench_pipeline.py` (tree {head[:10]}, baseline {baseline_commit[:10]}); "
         f"{platform.node()}, {os.cpu_count()} cores, python {platform.python_version()}. "
-        "Each contender in a fresh process, one run, same files. Wall: ingest + analysis + JSON. "
+        f"Each contender in a fresh process, one run, same files. Wall: {wall}. "
         "Tree RSS: the main process and its worker processes together (sampled every 50 ms).",
         "",
         "| hosts | input MB | contender | wall s | vs baseline | main peak RSS MB | tree peak RSS MB "

@@ -184,10 +184,10 @@ def _store_once(
             run_id = old_ids[0] if old_ids else new_run_id(con)
             name = unique_run_name(con, run.source_path)
             notes = [f"{name}: {note}" for note in run.notes]
-            if moves is not None:
-                for old_id in old_ids:
+            if moves is not None:  # the replaced runs' partitions, and any left by a killed ingest
+                for stale_id in sorted({*old_ids, run_id}):
                     for table in EVENT_TABLES:
-                        moves.set_aside(parquet / table / f"run_id={old_id}")
+                        moves.set_aside(parquet / table / f"run_id={stale_id}")
             _insert_parts(con, run, run_id, parquet, moves)
             _insert_hosts(con, run, run_id)
             _insert_run_row(con, run, run_id, name, notes)

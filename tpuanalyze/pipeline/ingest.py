@@ -14,8 +14,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Executor, Future, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import BrokenExecutor, Executor, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -216,9 +215,15 @@ def _map(executor: Executor, fn, tasks: list, items: list[HostInput], bar: Inges
         for i, future in enumerate(futures):
             try:
                 result = future.result()
-            except BrokenProcessPool:
+            except BrokenExecutor:
                 raise TraceFormatError(
                     "a worker process died while reading this host (out of memory?)", items[i].path
+                ) from None
+            except Exception as exc:
+                if not _engine_failure(exc):
+                    raise  # a bug in a task: its traceback is the report
+                raise TraceFormatError(
+                    f"the worker reading this host failed ({type(exc).__name__}: {exc})", items[i].path
                 ) from None
             if result.error is not None:
                 raise TraceFormatError(result.error.reason, result.error.path)
@@ -247,6 +252,12 @@ def _stop_now(executor: Executor) -> None:
             process.join(timeout=5)
         except (OSError, AttributeError, AssertionError):
             pass
+
+
+def _engine_failure(exc: BaseException) -> bool:
+    """An executor's own failure (a distributed engine's lost or killed worker), not a task's."""
+    module = type(exc).__module__ or ""
+    return module.split(".")[0] in ("distributed", "dask")
 
 
 def _failed_already(future: Future) -> bool:
