@@ -150,6 +150,28 @@ def _load_into_scratch(
         con.close()
 
 
+def make_hive(parts: HostParts) -> None:
+    """Rewrite a host's event parts in the dataset's form (without ``host``, which the partition
+    folder names), for a database found to keep its events in a dataset only at commit time."""
+    if parts.hive:
+        return
+    con = duckdb.connect(":memory:")
+    try:
+        for table in EVENT_TABLES:
+            if not parts.files.get(table):
+                continue
+            source = Path(parts.files[table])
+            rewritten = source.with_name("hive-" + source.name)
+            con.execute(
+                f"COPY (SELECT * EXCLUDE (host) FROM read_parquet('{_sql_text(source)}')) "
+                f"TO '{_sql_text(rewritten)}' (FORMAT parquet, COMPRESSION zstd)"
+            )
+            os.replace(rewritten, source)
+    finally:
+        con.close()
+    parts.hive = True
+
+
 def _sql_text(path: Path) -> str:
     return str(path).replace("'", "''")
 

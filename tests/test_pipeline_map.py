@@ -217,3 +217,20 @@ def test_hosts_loaded_through_a_scratch_file_give_the_same_rows(
     ingest_paths([pod], through_file, workers=1)
     for relation in ("events", "planes", "lines", "event_metadata"):
         assert _relation(through_file, relation) == _relation(in_memory, relation), relation
+
+
+def test_a_busy_database_at_the_glance_still_gets_its_parts_in_its_dataset(
+    pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_traces: Path
+) -> None:
+    """While another process writes the database, the ingest cannot see where it keeps its events
+    before the map; the commit then turns the event parts into the dataset's form."""
+    from tpuanalyze.pipeline import ingest as pipeline_ingest
+
+    layered, plain, dataset = tmp_path / "pq.duckdb", tmp_path / "plain.duckdb", tmp_path / "events"
+    small = sample_traces / "generated" / "resnet50_v3-32_baseline"
+    ingest_paths([small], layered, workers=1, parquet=dataset)
+    ingest_paths([small, pod], plain, workers=1)
+    monkeypatch.setattr(pipeline_ingest, "_dataset_of", lambda db_path, parquet: None)
+    summary = ingest_paths([pod], layered, workers=1)
+    assert _relation(layered, "events") == _relation(plain, "events")
+    assert (dataset / "event_rows" / f"run_id={summary.run_ids[0]}").is_dir()

@@ -30,8 +30,8 @@ from tpuanalyze.pipeline.progress import IngestProgress
 from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
 from tpuanalyze.pipeline.views import install_default_views
 from tpuanalyze.store.commit import RunToStore, check_layout, store_runs
-from tpuanalyze.store.database import connect, open_database
-from tpuanalyze.store.parts import remove_tree
+from tpuanalyze.store.database import connect
+from tpuanalyze.store.parts import make_hive, remove_tree
 
 if TYPE_CHECKING:
     from tpuanalyze.parsers.mlperf import MlperfTables
@@ -162,18 +162,22 @@ def _worker_count(workers: int | None, flat: list[HostInput]) -> int:
 def _dataset_of(db_path: str | Path, parquet: str | Path | None) -> Path | None:
     """Where this ingest's event parts go: ``parquet``, or the dataset an existing database keeps
     its events in (re-ingests go there too), or None (the database file). A layout the database
-    refuses (``store.commit.check_layout``) is refused here already, before the map's work."""
+    refuses (``store.commit.check_layout``) is refused here already, before the map's work.
+
+    A glance without waiting: while another process writes the database the map goes ahead (as it
+    would anyway before the write lock), and the commit adapts the parts should the layout differ."""
+    explicit = Path(parquet).resolve() if parquet is not None else None
     path = Path(db_path)
     if not path.is_file():
-        return Path(parquet).resolve() if parquet is not None else None
+        return explicit
     try:
-        con = open_database(path, read_only=True)
-    except TpuAnalyzeError:  # the write connection reports what is wrong with the file
-        return Path(parquet).resolve() if parquet is not None else None
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error:  # held by a writer, or not a database: the write connection deals with it
+        return explicit
     try:
         return check_layout(con, db_path, Path(parquet) if parquet is not None else None)
     except duckdb.Error:  # not a tpuanalyze database: the write connection says so
-        return Path(parquet).resolve() if parquet is not None else None
+        return explicit
     finally:
         con.close()
 
@@ -343,7 +347,13 @@ def _commit(
     con = connect(db_path)
     try:
         layout = check_layout(con, db_path, Path(parquet) if parquet is not None else None)
-        if layout != dataset:  # the parts were written for the layout the database had before the map
+        if layout is not None and dataset is None:
+            # the database turned out to keep its events in a dataset (it was busy at the glance):
+            # the event parts become hive parts first
+            for run in runs:
+                for part in run.parts:
+                    make_hive(part)
+        elif layout != dataset:  # another process moved the events between the glance and now
             raise TpuAnalyzeError(
                 "another process changed where the database keeps its events during this ingest; "
                 "run it again",
