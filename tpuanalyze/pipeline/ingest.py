@@ -23,6 +23,7 @@ import duckdb
 
 from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 from tpuanalyze.parsers.discover import RunSource, discover_inputs
+from tpuanalyze.parsers.remote import is_url
 from tpuanalyze.parsers.staging import MAX_SPAN_NS
 from tpuanalyze.pipeline.executors import default_workers, make_executor
 from tpuanalyze.pipeline.progress import IngestProgress
@@ -146,6 +147,9 @@ def _worker_count(workers: int | None, flat: list[HostInput]) -> int:
         return min(workers, max(len(flat), 1))
     total = 0
     for item in flat:
+        if is_url(item.path):  # size unknown without a request; several hosts download in parallel
+            total += POOL_MIN_BYTES
+            continue
         try:
             total += os.stat(item.path).st_size
         except OSError:

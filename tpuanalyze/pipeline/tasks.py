@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tpuanalyze.errors import TpuAnalyzeError
 from tpuanalyze.parsers.readers import READERS
+from tpuanalyze.parsers.remote import is_url, local_input
 from tpuanalyze.parsers.staging import HostReader
 from tpuanalyze.store.commit import HostFile
 from tpuanalyze.store.parts import HostParts, write_host_parts
@@ -68,8 +69,12 @@ class Loaded:
     error: TaskError | None = None
 
 
-def _open(item: HostInput) -> HostReader:
-    return READERS[item.source_format](Path(item.path), item.host)
+def _open(item: HostInput, local: Path | None = None) -> HostReader:
+    """The host's reader; for a URL, over its local copy ``local``, the URL kept as its file_path."""
+    reader = READERS[item.source_format](local or Path(item.path), item.host)
+    if local is not None:
+        reader.file_path = item.path  # what the database stores and errors name (docs/cluster.md)
+    return reader
 
 
 def _error(exc: BaseException, item: HostInput) -> TaskError:
@@ -82,12 +87,14 @@ def _error(exc: BaseException, item: HostInput) -> TaskError:
 def probe_host(item: HostInput) -> Probe:
     """Open and validate the host file (every reader checks its whole file when opened)."""
     global _kept_bytes
+    url = is_url(item.path)
     try:
-        reader = _open(item)
+        with local_input(item.path) as local:  # a URL: a local copy while it is read
+            reader = _open(item, local if url else None)
     except (TpuAnalyzeError, OSError) as exc:
         return Probe(error=_error(exc, item))
     size = 0 if item.source_format == "xspace" else reader.file_bytes
-    if _kept_bytes + size <= KEEP_BYTES:
+    if not url and _kept_bytes + size <= KEEP_BYTES:  # a URL's copy is gone: never kept
         _kept[item.path] = reader
         _kept_bytes += size
     facts = HostFile(
@@ -104,9 +111,11 @@ def probe_host(item: HostInput) -> Probe:
 
 def load_host(task: LoadTask) -> Loaded:
     """Read the host file into Parquet parts (``store.parts.write_host_parts``)."""
+    url = is_url(task.input.path)
     try:
-        reader = _kept.pop(task.input.path, None) or _open(task.input)
-        parts = write_host_parts(reader, task.run_t0_ns, task.staging, task.hive_events)
+        with local_input(task.input.path) as local:  # a URL: a local copy while it is read
+            reader = _kept.pop(task.input.path, None) or _open(task.input, local if url else None)
+            parts = write_host_parts(reader, task.run_t0_ns, task.staging, task.hive_events)
     except (TpuAnalyzeError, OSError) as exc:
         return Loaded(error=_error(exc, task.input))
     release = getattr(reader, "release", None)
