@@ -9,7 +9,8 @@ from pathlib import Path
 import duckdb
 import pytest
 from tpuanalyze.analyzer.api import analyze_run, install_views, report_json
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 
 def _shared_runs(shared: Path) -> list[Path]:

@@ -17,9 +17,9 @@ from tpuanalyze.analyzer.api import analyze_db, analyze_run, install_views, repo
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings import ADVICE
 from tpuanalyze.analyzer.platform import advice_platform
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.pipeline import ingest_paths
 
 TPU_WORDING = re.compile(
     r"iterations_per_loop|\bICI\b|torus|infeed|outfeed|\bTPU|space-to-depth|MXU|TensorCore", re.IGNORECASE)

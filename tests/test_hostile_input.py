@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from conftest import PROJECT_ROOT, SHARED_TRACES, run_cli, run_cli_process
 from tpuanalyze.parsers import wire
-from tpuanalyze.store.ingest import ingest_paths
 
+from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.proto import xplane_pb2
 
 JAX = PROJECT_ROOT / "sample_traces" / "jax_cpu"

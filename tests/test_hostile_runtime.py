@@ -18,9 +18,9 @@ import duckdb
 import pytest
 from conftest import run_cli
 from test_hostile_input import RUN, TRACE_JSON, XSPACE, cli, state
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator
+from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.safe_text import plain, safe
 
 HOSTILE = ["[/x]", "[memory]", "[link=https://evil.example/]click[/link]", "\x1b[31mred\x1b[0m", "[bold]b"]

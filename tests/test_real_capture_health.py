@@ -12,7 +12,8 @@ import duckdb
 import pytest
 from conftest import xprof_python
 from tpuanalyze.analyzer.api import analyze_run
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 V6E = "real/tpu_v6e_4chip_jax_inference.xplane.pb"
 V100 = "real/gpu_v100x8_tf_multiworker.xplane.pb"

@@ -24,7 +24,8 @@ import pytest
 from conftest import PROJECT_ROOT, SHARED_TRACES, xprof_python
 from tpuanalyze.analyzer.api import analyze_run
 from tpuanalyze.analyzer.roofline import Peaks, add_roofline
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 EXPECTED = json.loads((Path(__file__).with_name("data") / "xprof_roofline.json").read_text())
 XPROF_BOUND = {"HBM": "memory", "Compute": "compute", "Unknown": None}

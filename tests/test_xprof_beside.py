@@ -18,7 +18,8 @@ import pytest
 from conftest import HAS_XPROF, SAMPLE_TRACES, SHARED_TRACES, run_cli, xprof_python
 from tpuanalyze.analyzer.api import analyze_run
 from tpuanalyze.reports.xprof_side import beside
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 PINNED = json.loads((Path(__file__).parent / "data" / "xprof_expected.json").read_text())["captures"]
 METRICS = ("step_time_ms", "idle_percent", "infeed_percent", "all_reduce_percent")
