@@ -27,7 +27,7 @@ from tpuanalyze.analyzer.findings import evaluate_findings
 from tpuanalyze.analyzer.identity import run_identity
 from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.ops import ops_frame
-from tpuanalyze.analyzer.per_host import host_batches, materialize_per_host
+from tpuanalyze.analyzer.per_host import host_batches, largest_batch_events, materialize_per_host
 from tpuanalyze.analyzer.platform import advice_platform, workload_mode
 from tpuanalyze.analyzer.resources import scratch_database
 from tpuanalyze.analyzer.roofline import add_roofline, device_peaks, programs_roofline, roofline_summary
@@ -217,7 +217,7 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
         if len(batches) < 2:  # one batch of hosts: the whole run at once
             rel = materialize_run(con, run_id, config)
             return _analyze(con, run_id, run, config, rel)
-        with scratch_database(con):
+        with scratch_database(con, largest_batch_events(con, run_id)):
             rel = materialize_per_host(con, run_id, config, batches)
             return _analyze(con, run_id, run, config, rel)
     finally:

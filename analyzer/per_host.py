@@ -44,6 +44,13 @@ def run_hosts(con: duckdb.DuckDBPyConnection, run_id: int) -> list[str]:
     return [r[0] for r in rows.fetchall()]
 
 
+def largest_batch_events(con: duckdb.DuckDBPyConnection, run_id: int) -> int:
+    """Events of the largest batch: BATCH_EVENTS, or the largest host when it has more."""
+    row = con.execute("SELECT max(n) FROM (SELECT sum(num_events) AS n FROM planes WHERE run_id = ? "
+                      "GROUP BY host)", [int(run_id)]).fetchone()
+    return max(BATCH_EVENTS, int(row[0] or 0) if row else 0)
+
+
 def host_batches(con: duckdb.DuckDBPyConnection, run_id: int,
                  batch_events: int | None = None) -> list[tuple[str, str]]:
     """Consecutive hosts (in SQL string order) grouped up to ``batch_events`` events, as (first, last)

@@ -12,9 +12,11 @@ from contextlib import contextmanager
 import duckdb
 from tpuanalyze.analyzer.per_host import SCRATCH
 
-# DuckDB's share of the analysis memory: the per-host stages need a few MB per host, the reduce over
-# the run's op rows spills beyond this. Never raised above a lower limit the caller set.
+# DuckDB's share of the analysis memory: the reduce over the run's op rows spills beyond it. A batch's
+# stages need up to ~300 bytes per event (att_runs over a 1 M-event batch fails at 256 MiB, runs at
+# 512 MiB), so a larger batch (one large host) raises it. Never above a lower limit the caller set.
 MEMORY_LIMIT_BYTES = 512 * 1024 * 1024
+BYTES_PER_BATCH_EVENT = 512
 
 
 def _setting(con: duckdb.DuckDBPyConnection, name: str) -> str:
@@ -34,9 +36,10 @@ def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
 
 
 @contextmanager
-def scratch_database(con: duckdb.DuckDBPyConnection) -> Iterator[str]:
-    """Attach a scratch database file as ``ta_scratch`` (deleted afterwards), cap DuckDB's memory and
-    point its spill folder beside it; the connection's settings are restored on exit."""
+def scratch_database(con: duckdb.DuckDBPyConnection, batch_events: int = 0) -> Iterator[str]:
+    """Attach a scratch database file as ``ta_scratch`` (deleted afterwards), cap DuckDB's memory for
+    batches of up to ``batch_events`` events and point its spill folder beside it; the connection's
+    settings are restored on exit."""
     folder = tempfile.mkdtemp(prefix="tpuanalyze-analysis-")
     saved_limit = _setting(con, "memory_limit")
     saved_temp = _setting(con, "temp_directory")
@@ -44,8 +47,9 @@ def scratch_database(con: duckdb.DuckDBPyConnection) -> Iterator[str]:
         con.execute(f"ATTACH '{folder}/scratch.duckdb' AS {SCRATCH} (READ_WRITE)")
         if not saved_temp:  # (DuckDB cannot switch it back once used: set only where there is none)
             con.execute(f"SET temp_directory = '{folder}/spill'")
-        if not 0 < _limit_bytes(con) <= MEMORY_LIMIT_BYTES:
-            con.execute(f"SET memory_limit = '{MEMORY_LIMIT_BYTES // 2**20}MiB'")
+        cap = max(MEMORY_LIMIT_BYTES, BYTES_PER_BATCH_EVENT * batch_events)
+        if not 0 < _limit_bytes(con) <= cap:
+            con.execute(f"SET memory_limit = '{cap // 2**20}MiB'")
         yield SCRATCH
     finally:
         try:

@@ -15,7 +15,8 @@ import pytest
 from test_attribution_xspace import XSpaceBuilder, design_example_step, hlo_op
 from tpuanalyze.analyzer import per_host
 from tpuanalyze.analyzer.api import RunAnalysis, analyze_run, report_json
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 WHOLE_RUN = 10**15  # events per batch: every run is one batch (the whole-run SQL)
 ONE_HOST = 1  # every host its own batch
