@@ -18,6 +18,7 @@ import duckdb
 import numpy as np
 import pytest
 from conftest import PROJECT_ROOT, SHARED_TRACES, run_cli, run_cli_process
+from fuzz.harness import db_state
 from tpuanalyze.parsers import wire
 from tpuanalyze.store.ingest import ingest_paths
 
@@ -32,22 +33,6 @@ DAY_US = 86_400e6
 
 
 cli = run_cli_process
-
-
-def state(db: Path) -> tuple:
-    """What a database holds (runs and row counts), to show a refusal left it unchanged."""
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        runs = con.execute(
-            "SELECT run_id, name, source_path, num_events FROM runs ORDER BY run_id"
-        ).fetchall()
-        counts = [
-            con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-            for t in ("event_rows", "planes", "lines", "event_metadata", "hosts")
-        ]
-        return tuple(runs), tuple(counts)
-    finally:
-        con.close()
 
 
 @pytest.fixture()
@@ -70,10 +55,10 @@ def assert_refused(result, path: Path, *words: str) -> None:
 
 
 def refused_in_process(db: Path, path: Path, *words: str) -> None:
-    before = state(db)
+    before = db_state(db)
     result = run_cli("ingest", str(path), "--db", str(db))
     assert_refused(result, path, *words)
-    assert state(db) == before
+    assert db_state(db) == before
 
 
 def json_doc(path: Path) -> dict:
@@ -246,11 +231,11 @@ def test_hosts_of_a_run_starting_100_days_apart_are_refused(tmp_path: Path, db: 
                 line.timestamp_ns += 100 * 86_400 * 10**9
 
     xspace_with(tmp_path, change).rename(folder / "b.xplane.pb")
-    before = state(db)
+    before = db_state(db)
     result = run_cli("ingest", str(folder), "--db", str(db))
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "b.xplane.pb: starts 100.0 days away from the other hosts" in result.stderr
-    assert state(db) == before
+    assert db_state(db) == before
 
 
 # ------------------------------------------------------------------ MLPerf garbage lines
@@ -277,10 +262,10 @@ def test_mlperf_garbage_lines_are_one_line_errors(
     folder.mkdir(parents=True)
     path = folder / "result_0.txt"
     path.write_text("\n".join(lines) + "\n")
-    before = state(db)
+    before = db_state(db)
     result = run_cli("ingest", str(path), "--db", str(db))
     assert_refused(result, path.resolve(), f"line {at + 1}:")
-    assert state(db) == before
+    assert db_state(db) == before
     result = run_cli("mlperf", str(path))
     assert_refused(result, path.resolve())
 
@@ -434,10 +419,10 @@ def test_mlperf_lone_surrogate_escape_is_a_one_line_error(
     folder = tmp_path / "v0.7" / "tpu-v3-32" / "resnet"
     folder.mkdir(parents=True)
     (folder / "result_0.txt").write_text("\n".join(lines) + "\n")
-    before = state(db)
+    before = db_state(db)
     result = run_cli("ingest", str(folder), "--db", str(db))
     assert_refused(result, (folder / "result_0.txt").resolve(), "line 4:", "lone UTF-16 surrogate")
-    assert state(db) == before
+    assert db_state(db) == before
     lines[3] = (
         ':::MLLOG {"time_ms": 1, "key": "opt_name", "value": "\\ud83d\\ude00", "metadata": {}}'  # a pair
     )
@@ -460,8 +445,8 @@ def test_file_names_that_are_not_utf8_are_one_line_errors(
         with open(root + b"/v0.7/tpu-v3-32/b\xff/result_0.txt", "wb") as out:
             out.write(sorted(shared_mlperf.rglob("result_0.txt"))[-1].read_bytes())
         target = tmp_path / "v0.7"
-    before = state(db)
+    before = db_state(db)
     result = cli("ingest", str(target), "--db", str(db))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1 and "\\xff" in result.stderr and "not valid UTF-8" in result.stderr
-    assert state(db) == before
+    assert db_state(db) == before
