@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,11 +36,20 @@ DAY_US = 86_400e6
 cli = run_cli_process
 
 
-@pytest.fixture()
-def db(tmp_path: Path) -> Path:
-    """A database already holding the bundled single-jit run."""
-    path = tmp_path / "runs.duckdb"
+@pytest.fixture(scope="module")
+def pristine_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled single-jit run ingested once; each test gets a copy of this file."""
+    path = tmp_path_factory.mktemp("pristine") / "runs.duckdb"
     ingest_paths([XSPACE], path)
+    return path
+
+
+@pytest.fixture()
+def db(tmp_path: Path, pristine_db: Path) -> Path:
+    """A database of this test's own, already holding the bundled single-jit run."""
+    path = tmp_path / "runs.duckdb"
+    shutil.copyfile(pristine_db, path)
+    assert not pristine_db.with_name(pristine_db.name + ".wal").exists()  # the copy is the whole database
     return path
 
 
@@ -273,6 +283,9 @@ def test_mlperf_garbage_lines_are_one_line_errors(
 # ------------------------------------------------------------------ resource bounds
 
 
+# Peak memory and time of one command: with the other tests that measure them, on one worker
+RESOURCES = pytest.mark.xdist_group("resources")
+
 # A fresh interpreter that runs one command and writes that command's peak RSS (KiB) to a file: this
 # process's RUSAGE_CHILDREN is the maximum over every child any earlier test waited for.
 _PEAK_WRAPPER = ("import pathlib, resource, subprocess, sys; r = subprocess.run(sys.argv[2:]); "
@@ -297,6 +310,7 @@ def _gzip_stream(path: Path, head: bytes, body: bytes, repeat: int, tail: bytes)
         out.write(compressor.compress(tail) + compressor.flush())
 
 
+@RESOURCES
 def test_gzip_bomb_is_refused_quickly_with_bounded_memory(tmp_path: Path) -> None:
     """256 MB of inflated text in a ~250 KB file: refused after 64 MB (the ratio check), not inflated."""
     bomb = tmp_path / "bomb.trace.json.gz"
@@ -309,6 +323,7 @@ def test_gzip_bomb_is_refused_quickly_with_bounded_memory(tmp_path: Path) -> Non
     assert not (tmp_path / "x.duckdb").exists()
 
 
+@RESOURCES
 def test_millions_of_tiny_json_events_are_refused_before_parsing(tmp_path: Path) -> None:
     """4M events in a 600 KB gzip: refused at the event bound, never turned into 4M Python dicts."""
     many = tmp_path / "many.trace.json.gz"
@@ -335,6 +350,7 @@ def _many_planes(path: Path, count: int) -> None:
     path.write_bytes(space.SerializeToString())
 
 
+@RESOURCES
 def test_200k_empty_planes_are_refused_quickly(tmp_path: Path) -> None:
     path = tmp_path / "planes.xplane.pb"
     _many_planes(path, 200_000)
@@ -345,6 +361,7 @@ def test_200k_empty_planes_are_refused_quickly(tmp_path: Path) -> None:
     assert peak_mb < 400
 
 
+@RESOURCES
 def test_empty_planes_under_the_bound_cost_little(tmp_path: Path) -> None:
     path = tmp_path / "planes.xplane.pb"
     _many_planes(path, 2_000)

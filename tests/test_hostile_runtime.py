@@ -24,6 +24,9 @@ from tpuanalyze.store.ingest import ingest_paths
 from tpuanalyze import generator
 from tpuanalyze.safe_text import plain, safe
 
+# signals, a file-size limit and database locks between processes: one after another, on one worker
+pytestmark = pytest.mark.xdist_group("resources")
+
 HOSTILE = ["[/x]", "[memory]", "[link=https://evil.example/]click[/link]", "\x1b[31mred\x1b[0m", "[bold]b"]
 
 
