@@ -30,6 +30,12 @@ pytestmark = pytest.mark.xdist_group("resources")
 HOSTILE = ["[/x]", "[memory]", "[link=https://evil.example/]click[/link]", "\x1b[31mred\x1b[0m", "[bold]b"]
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as a shell leaves it to the command it starts; a test runner may ignore SIGINT (pytest-xdist
+    workers do), and an ignored signal stays ignored in every process started from there."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tpuanalyze.cli", *args],
@@ -37,6 +43,7 @@ def popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
+        preexec_fn=_default_sigint,
     )
 
 
@@ -102,7 +109,7 @@ def test_mlperf_and_ingest_notes_print_hostile_paths_literally(tmp_path: Path, s
     folder = tmp_path / "v0.7" / "tpu-v3-32-[/x]" / "[memory]bench"
     folder.mkdir(parents=True)
     (folder / "result_0.txt").write_text(source.read_text())
-    result = cli("mlperf", str(folder))
+    result = cli("mlperf", str(folder), env={"COLUMNS": "200"}, stdin=subprocess.DEVNULL)  # wide, any runner
     assert result.returncode == 0, result.stderr
     assert "[memory]bench" in result.stdout and "[/x]" in result.stdout
     walk = tmp_path / "walk"
