@@ -312,32 +312,49 @@ def metadata_table(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> C
     return _build_metadata(rows)
 
 
+# Typed stat name -> (index in TYPED_COLUMNS, value kind).
+_TYPED_TARGET = {
+    stat: ([c for c, _ in TYPED_COLUMNS].index(column), kind) for stat, (column, kind) in TYPED_STATS.items()
+}
+
+
 def _build_metadata(rows: list[tuple[int, str, str | None, dict[str, Any]]]) -> Columns:
-    values: dict[str, list[Any]] = {name: [] for name in META_COLUMNS}
+    # One pass per row, typed values in a list per row transposed at the end: metadata rows are
+    # ~1 per 8 events in many-host runs, so this loop is a per-event cost there.
+    targets = _TYPED_TARGET
+    width = len(TYPED_COLUMNS)
+    ids: list[int] = []
+    names: list[Any] = []
+    displays: list[Any] = []
+    jsons: list[Any] = []
+    typed_rows: list[list[Any]] = []
     for md_id, name, display_name, stats in rows:
-        typed: dict[str, Any] = {}
-        other: dict[str, Any] = {}
+        typed: list[Any] = [None] * width
+        other: dict[str, Any] | None = None
         for key, value in stats.items():
-            target = TYPED_STATS.get(key)
-            coerced = typed_value(target[1], value) if target else None
-            if target and coerced is not None and target[0] not in typed:
-                typed[target[0]] = coerced
-            else:
-                other[key] = json_safe(value)
-        values["metadata_id"].append(md_id)
-        values["name"].append(name)
-        values["display_name"].append(display_name or None)
-        values["stats"].append(json.dumps(other) if other else None)
-        for column, _ in TYPED_COLUMNS:
-            values[column].append(typed.get(column))
-    columns: Columns = {"metadata_id": np.array(values["metadata_id"], dtype=np.int64)}
-    for name in ("name", "display_name", "stats"):
-        columns[name] = text_column(values[name])
-    for column, kind in TYPED_COLUMNS:
+            target = targets.get(key)
+            if target is not None and typed[target[0]] is None:
+                coerced = typed_value(target[1], value)
+                if coerced is not None:
+                    typed[target[0]] = coerced
+                    continue
+            if other is None:
+                other = {}
+            other[key] = json_safe(value)
+        ids.append(md_id)
+        names.append(name)
+        displays.append(display_name or None)
+        jsons.append(json.dumps(other) if other else None)
+        typed_rows.append(typed)
+    by_column = [list(v) for v in zip(*typed_rows, strict=True)] if typed_rows else [[] for _ in range(width)]
+    columns: Columns = {"metadata_id": np.array(ids, dtype=np.int64)}
+    for column, values in (("name", names), ("display_name", displays), ("stats", jsons)):
+        columns[column] = text_column(values)
+    for (column, kind), values in zip(TYPED_COLUMNS, by_column, strict=True):
         if kind == "str":
-            columns[column] = text_column(values[column])
+            columns[column] = text_column(values)
         else:
-            columns.update(nullable_columns(column, values[column], kind))
+            columns.update(nullable_columns(column, values, kind))
     return columns
 
 

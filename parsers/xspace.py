@@ -4,6 +4,9 @@ Speed (2M+ events per host): upb parses each plane into a *skeleton* whose ``XLi
 left as raw bytes, so no Python object is ever made per event; ``parsers.wire`` then decodes the
 events (and their stats) of up to ``CHUNK_EVENTS`` events at a time with numpy. Planes, lines and
 event/stat metadata (thousands, not millions) are read through the normal message API.
+Files with many events (``COMPILED_MIN_EVENTS``) are decoded by the compiled kernels of
+``parsers.wire_jit`` instead (one pass over the bytes, GIL released); smaller ones keep the numpy
+decoder, which needs no numba import. Both give the same batches.
 Memory: the file is never held whole; only its top-level field headers are walked, and each
 plane is read from its byte range when needed (validation, then streaming).
 """
@@ -11,7 +14,9 @@ plane is read from its byte range when needed (validation, then streaming).
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -50,6 +55,15 @@ from tpuanalyze.errors import TraceFormatError
 from tpuanalyze.proto import xplane_pb2
 
 XSPACE_SUFFIX = ".xplane.pb"
+# Files with at least this many events are decoded by the compiled kernels (parsers.wire_jit):
+# importing numba and loading its cached kernels costs 1-2 CPU s and ~120 MB of RSS once per
+# process, which the kernels (~0.7 CPU us per event less than the numpy decoder) pay back from
+# ~2.5M events on (benchmarks/results/bench_decode.md); smaller files keep the numpy decoder.
+COMPILED_MIN_EVENTS = 3_000_000
+# The warm-up starts when the file is opened if it is at least this many bytes per event of the
+# threshold (events on TPU core lines take ~19 bytes); smaller files that turn out to hold enough
+# events load the kernels after validation instead.
+_WARMUP_BYTES_PER_EVENT = 20
 _MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
 
 
@@ -252,7 +266,9 @@ class _Plane:
             what = f"line #{line_index} of plane {self.message.name!r}"
             yield _parse_part("XLine", view[start : start + size], self.where, what)
 
-    def event_ranges(self, line_index: int, limit: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def event_ranges(
+        self, line_index: int, limit: int, jit: Any = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(starts, ends) of the line's events within the plane's bytes, ``limit`` at a time.
 
         Why walk the line here instead of letting upb split it: upb copies a line's events into
@@ -260,10 +276,13 @@ class _Plane:
         242K-event line, all of it at once); this walk holds ``limit`` offsets. Fields other than
         events are skipped: the validation pass read them (and checked the line with upb).
         """
-        data = self.blob
         start, size = self.line_ranges[line_index]
-        pos, end = start, start + size
         what = f"line #{line_index} of plane {self.message.name!r}"
+        if jit is not None:
+            yield from self._compiled_event_ranges(jit, start, start + size, limit, what)
+            return
+        data = self.blob
+        pos, end = start, start + size
         heads: list[int] = []  # where each event's field starts; sizes are decoded with numpy
         append = heads.append
         event_tag = _EVENT_TAG
@@ -289,6 +308,19 @@ class _Plane:
             raise TraceFormatError(f"corrupt or truncated XSpace protobuf in {what}", self.where)
         if heads:
             yield self._event_spans(heads, end, what)
+
+    def _compiled_event_ranges(
+        self, jit: Any, pos: int, end: int, limit: int, what: str
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``event_ranges`` by the compiled line walk (``wire_jit.line_events``)."""
+        while pos < end:
+            starts = np.empty(limit, dtype=np.int64)
+            ends = np.empty(limit, dtype=np.int64)
+            n, pos, err = jit.line_events(self.buffer, pos, end, limit, starts, ends)
+            if err:
+                raise TraceFormatError(f"corrupt or truncated XSpace protobuf in {what}", self.where)
+            if n:
+                yield starts[:n], ends[:n]
 
     def _event_spans(self, heads: list[int], end: int, what: str) -> tuple[np.ndarray, np.ndarray]:
         """(starts, ends) of the events whose fields start at ``heads`` (tag byte, then length)."""
@@ -370,7 +402,25 @@ def scalar_stat(stat: Any, stat_names: dict[int, str]) -> Any:
 
 
 def _stat_dict(stats: Any, stat_names: dict[int, str]) -> dict[str, Any]:
-    return {stat_names.get(s.metadata_id, f"stat#{s.metadata_id}"): scalar_stat(s, stat_names) for s in stats}
+    """{stat name: value} (``scalar_stat``'s values; a repeated name keeps its last value), inlined:
+    event metadata carry ~7 stats each, ~1 metadata per 8 events in many-host runs."""
+    get = stat_names.get
+    out: dict[str, Any] = {}
+    for stat in stats:
+        mid = stat.metadata_id
+        key = get(mid)
+        if key is None:
+            key = f"stat#{mid}"
+        kind = stat.WhichOneof("value")
+        if kind is None:
+            out[key] = None
+        elif kind == "ref_value":
+            ref = stat.ref_value
+            name = get(ref)
+            out[key] = f"ref#{ref}" if name is None else name
+        else:
+            out[key] = getattr(stat, kind)
+    return out
 
 
 # XStat value fields: number -> wire type (double fixed64, uint64/int64/ref varint, str/bytes length).
@@ -385,10 +435,12 @@ def _labels(ids: np.ndarray, names: dict[int, str], prefix: str) -> np.ndarray:
     return labels[inverse.reshape(-1)]
 
 
-def _decode_stats(
-    buf: np.ndarray, owners: np.ndarray, starts: np.ndarray, lengths: np.ndarray, stat_names: dict[int, str]
-) -> StatLong:
-    """A chunk's event XStats (raw byte ranges) -> long stats table, vectorised."""
+def _stat_values(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
+    """XStats at byte ranges -> (metadata_id, value field number, double, uint64, int64, ref, str
+    start, str length, bytes start, bytes length), numpy decoder: the shape ``wire_jit.stats`` returns.
+
+    A stat's value field is the highest-numbered one present; each field's last occurrence wins.
+    """
     m = len(starts)
     fields = wire.decode_fields(buf, starts, starts + lengths)
     mids = wire.scalar(fields, m, 1)[0].view(np.int64)
@@ -406,41 +458,57 @@ def _decode_stats(
         full[msg] = value
         return full.view(view)
 
+    def span(field_number: int) -> tuple[np.ndarray, np.ndarray]:
+        msg, value, length = found[field_number]
+        start, size = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+        start[msg] = value.astype(np.int64)
+        size[msg] = length
+        return start, size
+
+    return (
+        mids,
+        number,
+        numeric(_STAT_DOUBLE, "<f8"),
+        numeric(_STAT_UINT, "<u8"),
+        numeric(_STAT_INT, "<i8"),
+        numeric(_STAT_REF, "<i8"),
+        *span(_STAT_STR),
+        *span(_STAT_BYTES),
+    )
+
+
+def _stat_table(
+    buf: np.ndarray, owners: np.ndarray, values: tuple[np.ndarray, ...], stat_names: dict[int, str]
+) -> StatLong:
+    """A chunk's decoded XStats (``_stat_values``' shape) -> long stats table, vectorised."""
+    mids, number, f64, u64, i64, ref, str_start, str_len, raw_start, raw_len = values
+    m = len(mids)
     kind = np.zeros(m, dtype=np.int8)
     kind[number == _STAT_INT] = STAT_INT
     kind[number == _STAT_UINT] = STAT_UINT
     kind[number == _STAT_DOUBLE] = STAT_DOUBLE
-    f64 = numeric(_STAT_DOUBLE, "<f8")
     text = np.full(m, None, dtype=object)
-    msg, value, length = found[_STAT_STR]
-    if len(msg):
-        str_start = np.zeros(m, dtype=np.int64)
-        str_len = np.zeros(m, dtype=np.int64)
-        str_start[msg] = value.astype(np.int64)
-        str_len[msg] = length
-        rows = np.flatnonzero(number == _STAT_STR)
+    rows = np.flatnonzero(number == _STAT_STR)
+    if len(rows):
         text[rows] = wire.strings(buf, str_start[rows], str_len[rows])
     rows = np.flatnonzero(number == _STAT_REF)
     if len(rows):
-        text[rows] = _labels(numeric(_STAT_REF, "<i8")[rows], stat_names, "ref")
+        text[rows] = _labels(ref[rows], stat_names, "ref")
     nonfinite = np.flatnonzero((number == _STAT_DOUBLE) & ~np.isfinite(f64))
     if len(nonfinite):  # JSON has no NaN/inf: their text, as json_safe writes it
         text[nonfinite] = [repr(float(v)) for v in f64[nonfinite]]
     rows = np.flatnonzero(number == _STAT_BYTES)
-    if len(rows):  # base64 text, few, one by one (last occurrence wins, as in protobuf)
-        b_msg, b_start, b_len = found[_STAT_BYTES]
-        last = {int(i): (int(st), int(n)) for i, st, n in zip(b_msg, b_start, b_len, strict=True)}
-        for i in rows.tolist():
-            start, size = last[i]
-            text[i] = json_safe(buf[start : start + size].tobytes())
+    for i in rows.tolist():  # base64 text, few, one by one
+        start, size = int(raw_start[i]), int(raw_len[i])
+        text[i] = json_safe(buf[start : start + size].tobytes())
     kind[(number == _STAT_STR) | (number == _STAT_REF) | (number == _STAT_BYTES)] = STAT_TEXT
     kind[nonfinite] = STAT_TEXT
     return StatLong(
         owner=owners,
         key=_labels(mids, stat_names, "stat"),
         kind=kind,
-        i64=numeric(_STAT_INT, "<i8"),
-        u64=numeric(_STAT_UINT, "<u8"),
+        i64=i64,
+        u64=u64,
         f64=f64,
         text=text,
     )
@@ -463,6 +531,8 @@ class XSpaceReader:
         self.file_path = str(self.path.resolve())
         where = str(self.path)
         handle, self.file_bytes = open_trace_file(self.path, "an XSpace file")
+        if decoder_mode() == "auto" and self.file_bytes >= COMPILED_MIN_EVENTS * _WARMUP_BYTES_PER_EVENT:
+            _Warmup.start()  # likely to be needed: overlaps the validation pass below
         with handle:
             if handle.read(2) == b"\x1f\x8b":
                 raise TraceFormatError("gzip-compressed data, not a raw XSpace protobuf", where)
@@ -513,6 +583,9 @@ class XSpaceReader:
         self.t0_ns: int | None = min(stamps)[0] if stamps else None
         if stamps:
             _check_line_span(stamps, names, self._line_rows, where)
+        mode = decoder_mode()
+        wanted = mode == "compiled" or mode == "auto" and self.num_events >= COMPILED_MIN_EVENTS
+        self._jit = compiled_decoder() if wanted else None
 
     def release(self) -> None:
         """Forget the plane ranges once streamed."""
@@ -547,7 +620,7 @@ class XSpaceReader:
             for column, value in zip(LINE_COLUMNS, (line_index, *row), strict=True):
                 lines[column].append(value)
             if row[2] == "XLA Modules" and row[-1]:
-                for starts, ends in read.event_ranges(line_index, CHUNK_EVENTS):
+                for starts, ends in read.event_ranges(line_index, CHUNK_EVENTS, self._jit):
                     module_ids.update(np.unique(self._decode_chunk(buf, starts, ends)[0]).tolist())
         metadata = self._metadata(plane, stat_names, module_ids)
         info = PlaneInfo(
@@ -595,21 +668,49 @@ class XSpaceReader:
 
     def _decode_chunk(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
         """XEvents at ``buf[starts[i]:ends[i]]`` -> metadata_id, offset_ps, duration_ps,
-        num_occurrences (+ mask), fields."""
+        num_occurrences (+ mask), and their XStats' owner (event), start and length."""
+        jit = self._jit
+        if jit is not None:
+            try:
+                mids, offsets, durations, occ, has_occ, owner, start, end = jit.events(buf, starts, ends)
+            except wire.WireError as exc:
+                raise TraceFormatError(f"corrupt XSpace events: {exc}", self.file_path) from None
+            return mids, offsets, durations, occ, has_occ, owner, start, end - start
         try:
             fields = wire.decode_fields(buf, starts, ends)
         except wire.WireError as exc:
             raise TraceFormatError(f"corrupt XSpace events: {exc}", self.file_path) from None
         n = len(starts)
         occurrences, has_occurrences = wire.scalar(fields, n, 5)
+        owner, start, length = fields.select(4, 2)
         return (
             wire.scalar(fields, n, 1)[0].view(np.int64),
             wire.scalar(fields, n, 2)[0].view(np.int64),
             wire.scalar(fields, n, 3)[0].view(np.int64),
             occurrences.view(np.int64),
             has_occurrences,
-            fields,
+            owner,
+            start.astype(np.int64),
+            length,
         )
+
+    def _decode_stats(
+        self,
+        buf: np.ndarray,
+        owner: np.ndarray,
+        start: np.ndarray,
+        length: np.ndarray,
+        stat_names: dict[int, str],
+    ) -> StatLong:
+        jit = self._jit
+        try:
+            if jit is not None:
+                values = jit.stats(buf, start, start + length)
+            else:
+                values = _stat_values(buf, start, length)
+            return _stat_table(buf, owner, values, stat_names)
+        except wire.WireError as exc:
+            raise TraceFormatError(f"corrupt XSpace event stats: {exc}", self.file_path) from None
 
     def _batches(self, plane: _Plane, stat_names: dict[int, str]) -> Iterator[EventBatch]:
         base_ns = self.t0_ns or 0
@@ -619,7 +720,7 @@ class XSpaceReader:
         for line_index, row in enumerate(self._line_rows[plane.index]):
             base_ps = (row[4] - base_ns) * 1000
             # a batch holds CHUNK_EVENTS to 2 x CHUNK_EVENTS events (short lines are gathered)
-            for starts, ends in plane.event_ranges(line_index, CHUNK_EVENTS):
+            for starts, ends in plane.event_ranges(line_index, CHUNK_EVENTS, self._jit):
                 n = len(starts)
                 line_column = np.full(n, line_index, dtype=np.int32)
                 pending.append((starts, ends, line_column, np.full(n, base_ps, dtype=np.int64)))
@@ -639,7 +740,9 @@ class XSpaceReader:
         plane_name: str,
     ) -> EventBatch:
         starts, ends, lines, bases = (np.concatenate(part) for part in zip(*pending, strict=True))
-        md_ids, offsets, durations, occurrences, has_occ, fields = self._decode_chunk(buf, starts, ends)
+        md_ids, offsets, durations, occurrences, has_occ, owner, start, length = self._decode_chunk(
+            buf, starts, ends
+        )
         # offsets first (bounded, so adding the line's base cannot wrap), then the time policy
         offsets = np.clip(offsets, -4 * MAX_SPAN_PS, 4 * MAX_SPAN_PS)
         start_ps = offsets + bases
@@ -651,14 +754,7 @@ class XSpaceReader:
                 f"an event of line #{int(lines[i])} ({row[2]!r}) of plane {plane_name!r}: {what}",
                 self.file_path,
             )
-        stats = None
-        owner, start, length = fields.select(4, 2)
-        del fields
-        if len(owner):
-            try:
-                stats = _decode_stats(buf, owner, start.astype(np.int64), length, stat_names)
-            except wire.WireError as exc:
-                raise TraceFormatError(f"corrupt XSpace event stats: {exc}", self.file_path) from None
+        stats = self._decode_stats(buf, owner, start, length, stat_names) if len(owner) else None
         return EventBatch(
             line_index=lines,
             metadata_id=md_ids,
@@ -668,6 +764,66 @@ class XSpaceReader:
             has_occurrences=has_occ,
             stats=stats,
         )
+
+
+class _Warmup:
+    """Imports numba and loads the cached kernels in a background thread, once per process.
+
+    Why: that costs ~1 s (more on a busy machine), mostly in LLVM (ctypes calls that release the
+    GIL), so started when a large file is opened it overlaps the file's validation pass.
+    """
+
+    _lock = threading.Lock()
+    _thread: threading.Thread | None = None
+    _module: Any = None
+    _pid: int | None = None  # a forked worker starts its own (the parent's thread is not in it)
+
+    @classmethod
+    def start(cls) -> None:
+        with cls._lock:
+            if cls._thread is None or cls._pid != os.getpid():
+                if cls._pid is None:  # a fork waits for the warm-up: a child must not inherit its locks
+                    os.register_at_fork(before=cls._finish)
+                cls._pid, cls._module = os.getpid(), None
+                cls._thread = threading.Thread(target=cls._load, name="tpuanalyze-jit-warmup", daemon=True)
+                cls._thread.start()
+
+    @classmethod
+    def _finish(cls) -> None:
+        thread = cls._thread
+        if thread is not None and thread.is_alive() and cls._pid == os.getpid():
+            thread.join()
+
+    @classmethod
+    def _load(cls) -> None:
+        try:
+            from tpuanalyze.parsers import wire_jit
+
+            wire_jit.warm_up()
+            cls._module = wire_jit
+        except Exception:  # numba missing or broken here: the numpy decoder reads every file
+            cls._module = None
+
+    @classmethod
+    def result(cls) -> Any:
+        cls.start()
+        assert cls._thread is not None
+        cls._thread.join()
+        return cls._module
+
+
+def decoder_mode() -> str:
+    """``TPUANALYZE_DECODER``: 'numpy' (never compile), 'compiled' (every file), else 'auto' (by size)."""
+    mode = os.environ.get("TPUANALYZE_DECODER", "auto")
+    return mode if mode in ("numpy", "compiled") else "auto"
+
+
+def compiled_decoder() -> Any:
+    """The compiled kernels module (``parsers.wire_jit``), or None when ``TPUANALYZE_DECODER=numpy``
+    or where numba cannot load (the numpy decoder then reads every file: same results, slower)."""
+    if decoder_mode() == "numpy":
+        return None
+    return _Warmup.result()
 
 
 def _check_line_span(
