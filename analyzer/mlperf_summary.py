@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -193,14 +192,6 @@ def _mode(values: pd.Series):
 
 def _int_or_none(value) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
-
-
-def summarize_paths(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """Summaries straight from result files (no database)."""
-    from tpuanalyze.parsers.mlperf import load_mlperf
-
-    tables = load_mlperf(paths)
-    return summarize(tables.results.to_pandas(), tables.intervals.to_pandas())
 
 
 def summarize_db(con: duckdb.DuckDBPyConnection, run_ids: Iterable[int] | None = None) -> pd.DataFrame:

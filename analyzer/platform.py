@@ -21,16 +21,19 @@ TORUS_3D = {"v4", "v5p"}
 
 def _training_evidence(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
                        config: dict[str, Any]) -> str | None:
-    """A short statement of what shows training, or None."""
+    """A short statement of what shows training, or None. The example named is chosen
+    deterministically (the most frequent name, then the first by name), so the same trace always
+    reads the same, however its rows were loaded."""
     updates = con.execute(
-        f"SELECT count(*), any_value(short_name) FROM {rel['att_ops']} WHERE category = 'weight_update'"
+        f"SELECT count(*), min(short_name) FROM {rel['att_ops']} WHERE category = 'weight_update'"
     ).fetchone()
     if updates and updates[0]:
         return f"{updates[0]:,} optimizer/weight-update ops (e.g. {updates[1]})"
     pattern = sql_literal(config["patterns"]["training"])
     row = con.execute(  # the pattern runs once per distinct name, not per event
-        f"SELECT sum(n), any_value(name) FROM (SELECT name, count(*) AS n FROM events WHERE run_id = ?"
-        f" GROUP BY name) WHERE regexp_matches(name, {pattern})", [int(run_id)]).fetchone()
+        f"SELECT sum(n), first(name ORDER BY n DESC, name) FROM "
+        f"(SELECT name, count(*) AS n FROM events WHERE run_id = ? GROUP BY name)"
+        f" WHERE regexp_matches(name, {pattern})", [int(run_id)]).fetchone()
     if row and row[0]:
         return (f"{row[0]:,} training events (gradients, backward, optimizer or train steps; "
                 f"e.g. {row[1][:60]})")

@@ -64,7 +64,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from tpuanalyze.generator import generate
-    from tpuanalyze.store.ingest import ingest_paths
+
+    from tpuanalyze.pipeline import ingest_paths
 
     run_root = args.work / f"{args.model}_{args.chips}_{args.steps}"
     db = args.work / f"{args.model}_{args.chips}_{args.steps}.duckdb"

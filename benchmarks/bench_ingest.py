@@ -88,7 +88,7 @@ print(json.dumps({"events": n, "work_s": time.perf_counter() - t0}))
 
 API_CHILD = r"""
 import json, sys, time
-from tpuanalyze.store.ingest import ingest_paths
+from tpuanalyze.pipeline import ingest_paths
 t0 = time.perf_counter()
 summary = ingest_paths([sys.argv[1]], sys.argv[2])
 print(json.dumps({"events": summary.events, "work_s": time.perf_counter() - t0}))
@@ -98,7 +98,7 @@ print(json.dumps({"events": summary.events, "work_s": time.perf_counter() - t0})
 PARSE_CHILD = r"""
 import json, sys, time
 from tpuanalyze.parsers.discover import discover
-from tpuanalyze.store.ingest import read_run
+from tpuanalyze.parsers.readers import read_run
 t0 = time.perf_counter()
 runs = [read_run(source) for source in discover([sys.argv[1]])]
 print(json.dumps({"events": sum(r.num_events for r in runs), "work_s": time.perf_counter() - t0}))

@@ -20,7 +20,8 @@ from pathlib import Path
 from tpuanalyze.analyzer.api import analyze_db
 from tpuanalyze.generator import generate
 from tpuanalyze.reports.html import render_html, vendor_javascript
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 
 def main() -> int:

@@ -13,6 +13,10 @@ same capture as Chrome-trace JSON. Rules (docs/schema.md, "How paths become runs
   ``:::MLLOG``/``:::MLL`` lines, and, while walking, ``*.txt``/``*.log``/``result_*`` files that do
   (only those names are sniffed, so a big logdir costs no extra reads). The MLPerf reader groups
   them into result folders (one run each).
+
+A URL (``gs://bucket/logdir``, ``file:///...``: any fsspec protocol) is listed with fsspec under the
+same rules; its runs' ``source_path`` and host files are URL strings (read through a local copy,
+``parsers/remote.py``). MLPerf logs are read from local paths only: a URL walk does not sniff for them.
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from __future__ import annotations
 import gzip
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 from tpuanalyze.parsers.mlperf import is_mlperf_log
+from tpuanalyze.parsers.remote import filesystem, is_url, read_head
 from tpuanalyze.parsers.trace_file import check_utf8_name, file_kind, is_regular_file
 
-from tpuanalyze.errors import TraceFormatError
+from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 
 XSPACE_SUFFIX = ".xplane.pb"
 TRACE_JSON_SUFFIXES = (".trace.json", ".trace.json.gz")
@@ -42,7 +49,7 @@ class RunSource:
     name: str
     source_path: str
     source_format: str  # 'xspace' | 'chrome_json'
-    files: list[tuple[str, Path]]  # (host, file)
+    files: list[tuple[str, Path | str]]  # (host, file): a local Path, or a URL string
     notes: list[str] = field(default_factory=list)
 
 
@@ -89,6 +96,10 @@ def looks_like_chrome_trace(path: Path, probe_bytes: int = 1 << 20) -> bool:
                 head = fh.read(probe_bytes)
     except (OSError, EOFError):
         return False
+    return _chrome_trace_head(head)
+
+
+def _chrome_trace_head(head: bytes) -> bool:
     stripped = head.lstrip()
     return b'"traceEvents"' in head or (stripped.startswith(b"[") and b'"ph"' in head)
 
@@ -129,14 +140,16 @@ def _run_from_folder(folder: Path, notes: list[str] | None = None) -> RunSource 
     return None
 
 
+NOT_A_TRACE = (
+    "not a trace file or MLPerf result log (expected .xplane.pb, .trace.json, .trace.json.gz, "
+    ".json, .json.gz, or ':::MLLOG'/':::MLL' lines)"
+)
+
+
 def _run_from_file(path: Path) -> RunSource:
     fmt = file_format(path)
     if fmt is None:
-        raise TraceFormatError(
-            "not a trace file or MLPerf result log (expected .xplane.pb, .trace.json, .trace.json.gz, "
-            ".json, .json.gz, or ':::MLLOG'/':::MLL' lines)",
-            str(path),
-        )
+        raise TraceFormatError(NOT_A_TRACE, str(path))
     host = host_name(path)
     name = path.parent.name if is_run_folder(path.parent) else host
     return RunSource(name, str(path.resolve()), fmt, [(host, path)])
@@ -170,6 +183,9 @@ def discover_inputs(paths: list[str | Path]) -> Inputs:
     seen: set[str] = set()
     seen_files: set[str] = set()
     for raw in paths:
+        if is_url(raw):
+            _add_found(inputs, _url_inputs(str(raw)), seen, seen_files)
+            continue
         path = Path(raw)
         try:
             mode = os.stat(path).st_mode
@@ -198,24 +214,128 @@ def discover_inputs(paths: list[str | Path]) -> Inputs:
                 raise TraceFormatError(
                     "no trace files (.xplane.pb, .trace.json[.gz]) or MLPerf result logs found", str(raw)
                 )
-        inputs.notes.extend(found.notes)
-        for file in [p for run in found.runs for _, p in run.files] + found.mlperf_files:
-            check_utf8_name(file)
-        for run in found.runs:
-            files = {str(p.resolve()) for _, p in run.files}
-            if run.source_path in seen:
-                continue
-            if files <= seen_files:  # e.g. a symlink to a file of a run already found
-                inputs.notes.append(f"{run.source_path}: skipped, its files are already part of another run")
-                continue
-            seen.add(run.source_path)
-            seen_files.update(files)
-            inputs.runs.append(run)
-        for file in found.mlperf_files:
-            if str(file) not in seen:
-                seen.add(str(file))
-                inputs.mlperf_files.append(file)
+        _add_found(inputs, found, seen, seen_files)
     return inputs
+
+
+def _file_key(path: Path | str) -> str:
+    """What tells two files apart: a local file's resolved path, a URL as given by the listing."""
+    return path if isinstance(path, str) else str(path.resolve())
+
+
+def _add_found(inputs: Inputs, found: Inputs, seen: set[str], seen_files: set[str]) -> None:
+    """Add what one of the user's paths named: each run and log once."""
+    inputs.notes.extend(found.notes)
+    for file in [p for run in found.runs for _, p in run.files] + found.mlperf_files:
+        check_utf8_name(file)
+    for run in found.runs:
+        files = {_file_key(p) for _, p in run.files}
+        if run.source_path in seen:
+            continue
+        if files <= seen_files:  # e.g. a symlink to a file of a run already found
+            inputs.notes.append(f"{run.source_path}: skipped, its files are already part of another run")
+            continue
+        seen.add(run.source_path)
+        seen_files.update(files)
+        inputs.runs.append(run)
+    for file in found.mlperf_files:
+        if str(file) not in seen:
+            seen.add(str(file))
+            inputs.mlperf_files.append(file)
+
+
+def _url_is_run_folder(path: str) -> bool:
+    folder = PurePosixPath(path)
+    return folder.parent.name == "profile" and folder.parent.parent.name == "plugins"
+
+
+def _url_run_from_folder(fs: Any, folder: str, files: list[str]) -> RunSource | None:
+    """As ``_run_from_folder``, for the file paths listed in a URL's run folder."""
+    names = sorted(files)
+    xspaces = [p for p in names if p.endswith(XSPACE_SUFFIX)]
+    jsons = [p for p in names if p.endswith(TRACE_JSON_SUFFIXES)]
+    name = PurePosixPath(folder).name
+    url = fs.unstrip_protocol(folder)
+    hosts = xspaces or jsons
+    if not hosts:
+        return None
+    notes = []
+    if xspaces:
+        notes = [
+            f"{PurePosixPath(p).name}: skipped, same capture as the .xplane.pb (XSpace preferred; "
+            "name the file to read it)"
+            for p in jsons
+        ]
+    files_of = [(host_name(PurePosixPath(p)), fs.unstrip_protocol(p)) for p in hosts]
+    return RunSource(name, url, "xspace" if xspaces else "chrome_json", files_of, notes)
+
+
+def _url_run_from_file(fs: Any, path: str) -> RunSource:
+    fmt = file_format(PurePosixPath(path))
+    url = fs.unstrip_protocol(path)
+    if fmt is None:
+        raise TraceFormatError(NOT_A_TRACE, url)
+    host = host_name(PurePosixPath(path))
+    name = PurePosixPath(path).parent.name if _url_is_run_folder(str(PurePosixPath(path).parent)) else host
+    return RunSource(name, url, fmt, [(host, url)])
+
+
+def _url_reason(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "no such file or directory"
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"cannot read: {getattr(exc, 'strerror', None) or text or type(exc).__name__}"
+
+
+def _url_walk(fs: Any, folder: str) -> Iterator[tuple[str, list[str]]]:
+    """(folder, its files) top-down in name order, as ``_walk`` visits a local tree; nothing below a
+    run folder (it is one run)."""
+    entries = fs.ls(folder, detail=True)
+    files = sorted(e["name"] for e in entries if e.get("type") == "file")
+    yield folder, files
+    if _url_is_run_folder(folder):
+        return
+    for sub in sorted(e["name"] for e in entries if e.get("type") == "directory"):
+        if sub.rstrip("/") != folder.rstrip("/"):
+            yield from _url_walk(fs, sub)
+
+
+def _url_inputs(url: str) -> Inputs:
+    """What a URL names, by the local rules: a trace file, a run folder, or a folder walked for both
+    (generic ``.json[.gz]`` kept when its head looks like a Chrome trace)."""
+    fs, root = filesystem(url)
+    found = Inputs()
+    try:
+        info = fs.info(root)
+        if info.get("type") != "directory":
+            found.runs.append(_url_run_from_file(fs, root))
+            return found
+        if _url_is_run_folder(root):
+            files = [e["name"] for e in fs.ls(root, detail=True) if e.get("type") == "file"]
+            run = _url_run_from_folder(fs, root, files)
+            if run is None:
+                raise TraceFormatError("run folder holds no .xplane.pb or .trace.json[.gz] file", url)
+            found.runs.append(run)
+            return found
+        for here, files in _url_walk(fs, root):
+            if _url_is_run_folder(here):
+                run = _url_run_from_folder(fs, here, files)
+                if run:
+                    found.runs.append(run)
+                continue
+            for path in files:
+                fmt = file_format(PurePosixPath(path))
+                if fmt == "xspace" or path.endswith(TRACE_JSON_SUFFIXES):
+                    found.runs.append(_url_run_from_file(fs, path))
+                elif fmt == "chrome_json" and _chrome_trace_head(read_head(fs, path, 1 << 20)):
+                    found.runs.append(_url_run_from_file(fs, path))
+    except TpuAnalyzeError:
+        raise
+    except Exception as exc:  # any backend's error (missing, permission, HTTP) is one line
+        raise TraceFormatError(_url_reason(exc), url) from None
+    if not found.runs:
+        raise TraceFormatError("no trace files (.xplane.pb, .trace.json[.gz]) found", url)
+    return found
 
 
 def discover(paths: list[str | Path]) -> list[RunSource]:

@@ -511,16 +511,3 @@ def load_mlperf(paths: Iterable[str | Path]) -> MlperfTables:
     return MlperfTables(pa.Table.from_pylist(results, schema=results_schema),
                         pa.Table.from_pylist(intervals, schema=intervals_schema))
 
-
-def ingest_mlperf(paths: Iterable[str | Path], db_path: str | Path) -> dict[str, int]:
-    """Load MLPerf logs into the database at ``db_path`` in one transaction (see mlperf_ingest)."""
-    from tpuanalyze.parsers.mlperf_ingest import ingest_mlperf as _ingest
-
-    return _ingest(paths, db_path)
-
-
-def ingest_mlperf_into(con: Any, paths: Iterable[str | Path]) -> dict[str, int]:
-    """Load MLPerf logs with an open DuckDB connection, inside the caller's transaction."""
-    from tpuanalyze.parsers.mlperf_ingest import ingest_mlperf_into as _ingest_into
-
-    return _ingest_into(con, paths)

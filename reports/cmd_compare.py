@@ -9,11 +9,12 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
-from tpuanalyze.analyzer.compare import RunComparison, RunLoader, check_comparable, compare_runs
+from tpuanalyze.analyzer.compare import RunComparison, check_comparable, compare_runs
 from tpuanalyze.reports.cmd_mlperf import wide_console
 from tpuanalyze.reports.options import wait_option
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.pipeline.runs import RunLoader
 from tpuanalyze.safe_text import safe
 
 

@@ -11,11 +11,12 @@ import click
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
-from tpuanalyze.analyzer.mlperf_summary import summarize_db, summarize_paths
+from tpuanalyze.analyzer.mlperf_summary import summarize_db
 from tpuanalyze.reports.options import wait_option
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.pipeline.mlperf import summarize_paths
 from tpuanalyze.safe_text import safe
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 from tpuanalyze.reports import progress
-from tpuanalyze.reports.options import wait_option
+from tpuanalyze.reports.options import scheduler_option, wait_option, workers_option
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -38,16 +38,28 @@ def is_duckdb_file(path: Path) -> bool:
     return len(head) == 12 and head[8:12] == DUCKDB_MAGIC
 
 
-def _check_exists(paths: Sequence[Path]) -> None:
+def _check_exists(paths: Sequence[Path | str]) -> None:
+    """Local paths exist (URLs are checked when they are listed)."""
     for path in paths:
-        if not path.exists():
+        if isinstance(path, Path) and not path.exists():
             raise TpuAnalyzeError("no such file or directory", str(path))
 
 
-def _ingest(paths: Sequence[Path], db_path: Path, show_progress: bool) -> list[int]:
-    from tpuanalyze.store.ingest import ingest_paths
+def _ingest(
+    paths: Sequence[Path | str],
+    db_path: Path,
+    show_progress: bool,
+    workers: int | None = None,
+    scheduler: str | None = None,
+) -> list[int]:
+    from tpuanalyze.reports.options import map_executor
 
-    summary = ingest_paths(list(paths), db_path, progress=show_progress)
+    from tpuanalyze.pipeline import ingest_paths
+
+    with map_executor(scheduler, workers) as executor:  # the Dask cluster's, with --scheduler
+        summary = ingest_paths(
+            list(paths), db_path, progress=show_progress, workers=workers, executor=executor
+        )
     return list(summary.run_ids)
 
 
@@ -215,7 +227,7 @@ def _write_html(
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--db",
     "db_path",
@@ -276,9 +288,11 @@ def _write_html(
     default=None,
     help="Progress bars on stderr (default: only when stderr is a terminal).",
 )
+@workers_option
+@scheduler_option
 @wait_option
 def command(
-    paths: tuple[Path, ...],
+    paths: tuple[Path | str, ...],
     db_path: Path | None,
     json_path: str | None,
     html_path: Path | None,
@@ -289,6 +303,8 @@ def command(
     quiet: bool,
     show_progress: bool | None,
     keep_warmup: bool = False,
+    workers: int | None = None,
+    scheduler: str | None = None,
 ) -> None:
     """Analyse traces (or a tpuanalyze database) and report: terminal summary, --html, --json.
 
@@ -298,6 +314,9 @@ def command(
       tpuanalyze report sample_traces/generated/resnet50_v3-32_baseline sample_traces/jax_cpu/pmap8_train_eval --db runs.duckdb --json report.json
       tpuanalyze report runs.duckdb --sql --html runs.html
     """  # noqa: E501 (example lines are shown as they are typed)
+    from tpuanalyze.parsers.remote import is_url
+
+    paths = tuple(p if is_url(p) else Path(p) for p in paths)  # URLs: docs/cluster.md
     _check_exists(paths)
     for target in (json_path, html_path):  # fail before a long analysis, not after it
         if target is not None and str(target) != "-" and not Path(target).resolve().parent.is_dir():
@@ -308,18 +327,25 @@ def command(
         from tpuanalyze.analyzer.config import load_thresholds
 
         load_thresholds(thresholds)
+    if with_xprof and any(isinstance(p, str) for p in paths):
+        raise TpuAnalyzeError("--xprof reads local files only; give the local path of the traces",
+                              next(p for p in paths if isinstance(p, str)))
     if with_xprof:  # before a long analysis: without XProf, one line saying how to get it
         from tpuanalyze.reports.xprof_side import xprof_python
 
         xprof_python()
     show = progress.resolve_enabled(show_progress)
-    databases = [p for p in paths if is_duckdb_file(p)]
+    databases = [p for p in paths if isinstance(p, Path) and is_duckdb_file(p)]
     if databases:
         if len(paths) > 1:
             raise TpuAnalyzeError("give either one database or trace paths, not both", str(databases[0]))
         if db_path is not None:
             raise TpuAnalyzeError(
                 "--db is for ingesting traces; the PATH is already a database", str(db_path)
+            )
+        if scheduler is not None:
+            raise TpuAnalyzeError(
+                "--scheduler runs the ingest of traces; the PATH is already a database", str(databases[0])
             )
         analyses, series = analyse(databases[0], None, run_selectors, thresholds, show, with_xprof,
                                    keep_warmup)
@@ -329,7 +355,7 @@ def command(
             raise TpuAnalyzeError("--run selects runs of a database PATH; trace PATHs are all reported")
         with tempfile.TemporaryDirectory(prefix="tpuanalyze-report-") as tmp:
             target = db_path if db_path is not None else Path(tmp) / "report.duckdb"
-            run_ids = _ingest(paths, target, show)
+            run_ids = _ingest(paths, target, show, workers, scheduler)
             if db_path is not None and thresholds is not None:
                 # ingest installed the default-threshold views; custom thresholds replace them
                 _install_views(db_path, thresholds)

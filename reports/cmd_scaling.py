@@ -11,13 +11,14 @@ import click
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
-from tpuanalyze.analyzer.compare import LoadedRun, RunLoader, check_comparable, step_categories_ms
+from tpuanalyze.analyzer.compare import LoadedRun, check_comparable, step_categories_ms
 from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling, link_traces_and_logs
 from tpuanalyze.reports.cmd_mlperf import wide_console
 from tpuanalyze.reports.options import wait_option
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.pipeline.runs import RunLoader
 from tpuanalyze.safe_text import safe
 
 
@@ -265,7 +266,9 @@ def render(analysis: ScalingAnalysis, console: Console) -> None:
 def mlperf_analyses(paths: list[Path], db_path: Path | None,
                     projections: list[tuple[int, int | None]] | None = None) -> list[ScalingAnalysis]:
     """Time to train vs chips per (version, benchmark, framework) series of MLPerf results."""
-    from tpuanalyze.analyzer.mlperf_summary import scaling_series, summarize_db, summarize_paths
+    from tpuanalyze.analyzer.mlperf_summary import scaling_series, summarize_db
+
+    from tpuanalyze.pipeline.mlperf import summarize_paths
 
     frames = [summarize_paths(paths)] if paths else []
     if db_path is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -26,3 +29,44 @@ def wait_option(command: Any) -> Any:
         metavar="SECONDS",
         help="Wait up to SECONDS for another process using the database (default 600, or TPUANALYZE_WAIT).",
     )(command)
+
+
+def workers_option(command: Any) -> Any:
+    """``--workers N``: processes for the per-host map (docs/pipeline.md)."""
+    return click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Worker processes reading the host files in parallel (default: the machine's cores; "
+        "small inputs are read in this process). 1: no worker processes.",
+    )(command)
+
+
+def scheduler_option(command: Any) -> Any:
+    """``--scheduler ADDRESS``: run the per-host map on a Dask distributed cluster (docs/cluster.md)."""
+    return click.option(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="Run the per-host map on the Dask cluster at ADDRESS (tcp://host:8786, or a scheduler "
+        "file); inputs must be readable by its workers: shared paths or URLs (docs/cluster.md).",
+    )(command)
+
+
+@contextmanager
+def map_executor(scheduler: str | None, workers: int | None = None) -> Iterator[Executor | None]:
+    """The executor for the per-host map: the Dask cluster's with ``--scheduler``, else None (the
+    orchestration's own local workers)."""
+    if scheduler is None:
+        yield None
+        return
+    if workers is not None:
+        from tpuanalyze.errors import TpuAnalyzeError
+
+        raise TpuAnalyzeError("--workers sets the local worker processes; with --scheduler the "
+                              "cluster's workers read the hosts (give one or the other)")
+    from tpuanalyze.pipeline.cluster import dask_executor
+
+    with dask_executor(scheduler) as executor:
+        yield executor

@@ -142,7 +142,8 @@ class CaptureSet:
 
     def __init__(self, paths: list[Path], db: Path) -> None:
         import duckdb
-        from tpuanalyze.store.ingest import ingest_paths
+
+        from tpuanalyze.pipeline import ingest_paths
 
         self.paths = list(paths)
         self.db = db

@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 
 from tpuanalyze.analyzer.api import analyze_db, report_json
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator
+from tpuanalyze.pipeline import ingest_paths
 
 
 def _report(run_dir: Path, db: Path) -> dict:

@@ -12,9 +12,9 @@ import duckdb
 import pytest
 from tpuanalyze.analyzer.api import analyze_run
 from tpuanalyze.generator.scenarios import SCENARIOS
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator  # a broken generator must fail these tests, not skip them
+from tpuanalyze.pipeline import ingest_paths
 
 CASES = [("resnet50", 8, name) for name in SCENARIOS]
 CASES += [("bert", 8, "baseline")]

@@ -13,9 +13,9 @@ import duckdb
 import pytest
 from conftest import missing_tool, xprof_python
 from tpuanalyze.analyzer.api import analyze_run
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator  # a broken generator must fail these tests, not skip them
+from tpuanalyze.pipeline import ingest_paths
 
 XPROF_SCRIPT = r"""
 import json, sys

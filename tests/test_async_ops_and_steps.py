@@ -9,7 +9,8 @@ import duckdb
 import pytest
 from test_attribution_xspace import XSpaceBuilder, hlo_op
 from tpuanalyze.analyzer.api import analyze_run
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 
 def _ingest(tmp_path: Path, builders: list[XSpaceBuilder]) -> tuple[duckdb.DuckDBPyConnection, int]:

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_attribution_xspace import XSpaceBuilder, design_example_step, hlo_op
 from tpuanalyze.analyzer.api import analyze_run, install_views, report_json
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 CATS = ("compute", "weight_update", "collectives", "memory_transfer", "input", "output", "eval", "idle")
 

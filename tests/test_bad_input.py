@@ -13,9 +13,9 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import SHARED_TRACES
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
+from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.proto import xplane_pb2
 
 CORRUPT = SHARED_TRACES / "real" / "corrupt_reencoded_tpu_inference.xplane.pb"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 TRACE = {
     "displayTimeUnit": "ns",  # display only: ts/dur are microseconds regardless

@@ -8,9 +8,10 @@ import sys
 
 import duckdb
 import pytest
-from tpuanalyze.analyzer.compare import RunLoader, compare_runs
+from tpuanalyze.analyzer.compare import compare_runs
 
 from tpuanalyze.cli import main
+from tpuanalyze.pipeline.runs import RunLoader
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -21,7 +22,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def two_run_db(tmp_path_factory, shared_traces):
     """A database with a normal and an input-bound capture of the same pmap training loop."""
-    from tpuanalyze.store.ingest import ingest_paths
+    from tpuanalyze.pipeline import ingest_paths
 
     db = tmp_path_factory.mktemp("compare") / "runs.duckdb"
     fast = ingest_paths([shared_traces / "jax_cpu" / "pmap8_train_eval"], db).run_ids[0]

@@ -12,9 +12,9 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import SHARED_TRACES
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze.errors import TraceFormatError
+from tpuanalyze.pipeline import ingest_paths
 
 EXPECTED_FILE = SHARED_TRACES / "expected_counts.json"
 

@@ -11,9 +11,9 @@ from tpuanalyze.analyzer.api import analyze_run, install_views
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings import ADVICE, recommendation
 from tpuanalyze.analyzer.platform import advice_platform
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.pipeline import ingest_paths
 
 RULE_IDS = {"input-bound", "host-input-processing", "outfeed-bound", "collective-bound",
             "f32-gradient-allreduce", "latency-bound-collectives", "weight-update-unsharded", "eval-overhead",

@@ -14,7 +14,8 @@ from tpuanalyze.analyzer.collectives import shape_bytes
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings.rules import payload_bytes_sql
 from tpuanalyze.analyzer.findings.tree import resolve
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 
 def _bn_run(tmp: Path, shape: str, training: bool = True) -> tuple[duckdb.DuckDBPyConnection, int]:

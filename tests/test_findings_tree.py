@@ -18,9 +18,9 @@ from tpuanalyze.analyzer.api import analyze_db, analyze_run, install_views, repo
 from tpuanalyze.generator.scenarios import SCENARIOS
 from tpuanalyze.reports import browser, terminal, view
 from tpuanalyze.reports.html import write_html
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator
+from tpuanalyze.pipeline import ingest_paths
 
 COLLECTIVE_RULES = {"collective-bound", "latency-bound-collectives", "f32-gradient-allreduce",
                     "distributed-batch-norm"}

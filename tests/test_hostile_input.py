@@ -21,8 +21,8 @@ import pytest
 from conftest import PROJECT_ROOT, SHARED_TRACES, run_cli, run_cli_process
 from fuzz.harness import db_state
 from tpuanalyze.parsers import wire
-from tpuanalyze.store.ingest import ingest_paths
 
+from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.proto import xplane_pb2
 
 JAX = PROJECT_ROOT / "sample_traces" / "jax_cpu"

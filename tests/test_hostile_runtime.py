@@ -19,9 +19,9 @@ import pytest
 from conftest import run_cli
 from fuzz.harness import db_state
 from test_hostile_input import RUN, TRACE_JSON, XSPACE, cli
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator
+from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.safe_text import plain, safe
 
 # signals, a file-size limit and database locks between processes: one after another, on one worker

@@ -16,9 +16,9 @@ import pytest
 from conftest import run_cli
 from tpuanalyze.analyzer.api import analyze_run
 from tpuanalyze.analyzer.identity import program_name, tpu_generation
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator  # a broken generator must fail these tests, not skip them
+from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.proto import xplane_pb2
 
 pytestmark = pytest.mark.xdist_group("captures")  # the session's shared ingest: one worker makes it

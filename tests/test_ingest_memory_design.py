@@ -15,10 +15,10 @@ import pytest
 from conftest import SAMPLE_TRACES
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tpuanalyze.store import ingest as ingest_module
-from tpuanalyze.store.ingest import ingest_paths
+from tpuanalyze.store import parts as ingest_module
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.proto import xplane_pb2
 
 CAPTURE = SAMPLE_TRACES / "jax_cpu"
@@ -58,7 +58,7 @@ def _stats_trace(path: Path, events: int = 20_000) -> Path:
 def test_ingesting_xspace_imports_neither_pyarrow_nor_pandas(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from tpuanalyze.store.ingest import ingest_paths\n"
+        "from tpuanalyze.pipeline import ingest_paths\n"
         f"ingest_paths([{str(CAPTURE)!r}], {str(tmp_path / 'db.duckdb')!r})\n"
         "print(sorted(m for m in ('pyarrow', 'pandas', 'altair') if m in sys.modules))\n"
     )
@@ -99,8 +99,10 @@ def test_a_load_out_of_duckdb_memory_is_redone_with_a_note(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reference = ingest_paths([GENERATED], tmp_path / "reference.duckdb")
+    # the worker's buffer, for a host loaded in memory (small files) or through a scratch file
     monkeypatch.setattr(ingest_module, "LOAD_MEMORY_LIMIT", "1MB")
-    summary = ingest_paths([GENERATED], tmp_path / "tiny.duckdb")
+    monkeypatch.setattr(ingest_module, "IN_MEMORY_LIMIT", "1MB")
+    summary = ingest_paths([GENERATED], tmp_path / "tiny.duckdb", workers=1)  # in this process
     assert any("ran out of its 1MB load buffer" in note for note in summary.notes)
     assert summary.events == reference.events
     query = "SELECT count(*), sum(duration_ps), count(DISTINCT name), count(stats) FROM events"

@@ -16,9 +16,9 @@ from conftest import run_cli as cli
 from tpuanalyze.analyzer.api import analyze_db
 from tpuanalyze.analyzer.attribution import STAGE_NAMES
 from tpuanalyze.parsers.discover import discover_inputs
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.pipeline import ingest_paths
 
 JAX_TRAIN = SAMPLE_TRACES / "jax_cpu" / "single_jit_train"
 INPUT_BOUND = SAMPLE_TRACES / "generated" / "resnet50_v3-32_input-bound"

@@ -10,10 +10,12 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import run_cli
-from tpuanalyze.analyzer.mlperf_summary import olympic_score, summarize_db, summarize_paths
-from tpuanalyze.parsers.mlperf import ingest_mlperf, ingest_mlperf_into, load_mlperf, parse_line
+from tpuanalyze.analyzer.mlperf_summary import olympic_score, summarize_db
+from tpuanalyze.parsers.mlperf import load_mlperf, parse_line
+from tpuanalyze.store.mlperf import ingest_mlperf, ingest_mlperf_into
 
 from tpuanalyze.errors import TraceFormatError
+from tpuanalyze.pipeline.mlperf import summarize_paths
 
 # catalog §1: the v0.7 headline table (seconds) and the v0.6 scaling table, as (folder, seconds).
 V07_HEADLINE = {

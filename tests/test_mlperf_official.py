@@ -14,7 +14,8 @@ import subprocess
 import sys
 
 import pytest
-from tpuanalyze.analyzer.mlperf_summary import summarize_paths
+
+from tpuanalyze.pipeline.mlperf import summarize_paths
 
 _SCRIPT = r"""
 import glob, json, sys, io, contextlib

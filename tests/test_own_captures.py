@@ -32,7 +32,8 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLE_TRACES, SHARED_TRACES
 from tpuanalyze.store.database import connect
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 OWN_ROOT = SAMPLE_TRACES / "jax_cpu"
 SHARED_ROOT = SHARED_TRACES / "jax_cpu"

@@ -12,7 +12,8 @@ from conftest import SAMPLE_TRACES
 from tpuanalyze.analyzer.api import analyze_run
 from tpuanalyze.reports.html import render_html
 from tpuanalyze.reports.palette import CATEGORY_COLORS, CATEGORY_LABELS, natural_sorted
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 # 'exposed' is the collectives-by-kind chart's name for the collectives category (overlapped is its shade)
 LABEL_TO_CATEGORY = {**{label: c for c, label in CATEGORY_LABELS.items()}, **{c: c for c in CATEGORY_COLORS},
@@ -115,10 +116,11 @@ def test_charts_put_hosts_in_natural_order_and_a_healthy_pod_stays_calm() -> Non
 
 def test_scaling_charts_give_category_colors_to_categories_only(tmp_path: Path) -> None:
     """The scaling page's totals, measured points and efficiency never wear a category's color."""
-    from tpuanalyze.analyzer.compare import RunLoader
     from tpuanalyze.analyzer.scaling import analyze_scaling
     from tpuanalyze.reports.cmd_scaling import trace_series
     from tpuanalyze.reports.scaling_page import scaling_html
+
+    from tpuanalyze.pipeline.runs import RunLoader
 
     with RunLoader(None) as loader:
         runs = [run for p in sorted((SAMPLE_TRACES / "scaling").iterdir()) if p.is_dir()

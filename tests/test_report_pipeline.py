@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 from conftest import PROJECT_ROOT, run_cli, run_cli_process
-from tpuanalyze.store.ingest import ingest_paths
 
 from tpuanalyze import generator
+from tpuanalyze.pipeline import ingest_paths
 
 _RUN_DIR = Path(tempfile.mkdtemp(prefix="tpuanalyze-report-tests-"))
 atexit.register(shutil.rmtree, _RUN_DIR, ignore_errors=True)

@@ -24,7 +24,8 @@ import pytest
 from conftest import PROJECT_ROOT, SHARED_TRACES, xprof_python
 from tpuanalyze.analyzer.api import analyze_run
 from tpuanalyze.analyzer.roofline import Peaks, add_roofline
-from tpuanalyze.store.ingest import ingest_paths
+
+from tpuanalyze.pipeline import ingest_paths
 
 pytestmark = pytest.mark.xdist_group("captures")  # the session's shared ingest: one worker makes it
 

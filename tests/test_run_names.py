@@ -7,8 +7,9 @@ import shutil
 
 import duckdb
 from conftest import SAMPLE_TRACES, run_cli
-from tpuanalyze.store.ingest import ingest_paths
 from tpuanalyze.store.names import display_name_candidates
+
+from tpuanalyze.pipeline import ingest_paths
 
 
 def _names(db) -> dict[int, str]:

@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import run_cli as _cli
-from tpuanalyze.analyzer.mlperf_summary import scaling_series, summarize_paths
+from tpuanalyze.analyzer.mlperf_summary import scaling_series
 from tpuanalyze.analyzer.scaling import analyze_scaling, fit_category, holdout_check
 
 from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.pipeline.mlperf import summarize_paths
 
 
 def _series(chips, compute, collectives, weight_update, per_core_batch=8.0, global_batch=None):

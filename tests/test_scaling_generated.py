@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli as _cli
-from tpuanalyze.analyzer.compare import RunLoader
 from tpuanalyze.analyzer.scaling import analyze_scaling, holdout_check
 from tpuanalyze.reports.cmd_scaling import trace_series
 
 from tpuanalyze import generator  # a broken generator must fail these tests, not skip them
+from tpuanalyze.pipeline.runs import RunLoader
 
 CHIPS = (256, 1024, 4096)
 
@@ -27,7 +27,7 @@ def resnet_runs(tmp_path_factory) -> dict[int, Path]:
 
 @pytest.fixture(scope="module")
 def series(resnet_runs, tmp_path_factory):
-    from tpuanalyze.store.ingest import ingest_paths
+    from tpuanalyze.pipeline import ingest_paths
 
     db = tmp_path_factory.mktemp("scaling-db") / "runs.duckdb"
     for path in resnet_runs.values():

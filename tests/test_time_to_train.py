@@ -18,8 +18,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import run_cli as _cli
-from tpuanalyze.analyzer.mlperf_summary import scaling_series, summarize_paths
+from tpuanalyze.analyzer.mlperf_summary import scaling_series
 from tpuanalyze.analyzer.time_to_train import EpochsModel, TimeToTrainModel
+
+from tpuanalyze.pipeline.mlperf import summarize_paths
 
 # series -> (chips fitted on, held-out chips, official time to train of the held-out run [log])
 V06 = {
@@ -134,9 +136,8 @@ def test_cli_rejects_a_bad_projection(shared_mlperf, value):
 def joined_db(shared_mlperf, tmp_path_factory):
     """Generated ResNet-50 traces at 256 and 512 chips (the v0.6 configurations) and the v0.6 logs in
     one database."""
-    from tpuanalyze.store.ingest import ingest_paths
-
     from tpuanalyze import generator
+    from tpuanalyze.pipeline import ingest_paths
 
     out = tmp_path_factory.mktemp("ttt-join")
     traces = {c: generator.generate("resnet50", c, steps=3, hosts=1, seed=1, out=out / f"r{c}")

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tpuanalyze.parsers import wire
-from tpuanalyze.store.ingest import ingest_paths
 
+from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.proto import xplane_pb2
 
 T0_NS = 1_767_225_600_000_000_000  # absolute ns since the epoch: ps would overflow int64

@@ -19,10 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpuanalyze.store.ingest import ingest_paths  # noqa: E402
-
 from fuzz import harness  # noqa: E402
 from tpuanalyze.errors import TpuAnalyzeError  # noqa: E402
+from tpuanalyze.pipeline import ingest_paths  # noqa: E402
 
 CLASSES = [
     "xspace-structured",

@@ -2,7 +2,7 @@
 ``mlperf_results`` (one row per result file) and ``mlperf_intervals`` (init, run, block, eval, epoch).
 
 :func:`ingest_mlperf_into` works on an open connection inside the caller's transaction (the
-``tpuanalyze ingest`` command calls it); :func:`ingest_mlperf` owns its own connection and
+ingest pipeline calls it); :func:`ingest_mlperf` owns its own connection and
 transaction (all or nothing). Re-ingesting a folder replaces its rows and keeps its run_id.
 """
 
@@ -12,13 +12,13 @@ import json
 import re
 from collections.abc import Iterable
 from datetime import datetime, timezone
-from importlib import resources
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 from tpuanalyze.parsers.mlperf import MlperfTables, load_mlperf
+from tpuanalyze.store.database import connect
 
 RESULT_COLUMNS = [
     "run_id", "result_file", "benchmark", "submitter_path", "version", "cores", "chips", "framework",
@@ -26,17 +26,6 @@ RESULT_COLUMNS = [
     "eval_ms", "hyperparameters",
 ]
 INTERVAL_COLUMNS = ["run_id", "result_file", "kind", "start_ms", "stop_ms", "epoch", "epoch_count", "value"]
-
-
-def connect(db_path: str | Path) -> duckdb.DuckDBPyConnection:
-    """The project's connection (schema created); plain DuckDB + schema.sql if the store is absent."""
-    try:
-        from tpuanalyze.store.database import connect as store_connect
-    except ImportError:
-        con = duckdb.connect(str(db_path))
-        con.execute(resources.files("tpuanalyze.store").joinpath("schema.sql").read_text())
-        return con
-    return store_connect(db_path)
 
 
 def _scalar(con: duckdb.DuckDBPyConnection, sql: str):

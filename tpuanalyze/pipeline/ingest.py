@@ -1,0 +1,373 @@
+"""Ingest, end to end: discover -> map (per host, in an executor) -> store (one transaction) -> views.
+
+The map has two rounds of one task per host file. ``probe_host`` validates every file and finds
+its time zero (the run's t0 is the earliest host's, and hosts more than ``MAX_SPAN_NS`` apart are
+refused); ``load_host`` reads each file again, shifted to the run's t0, into Parquet parts in a
+staging folder. Only then is the database opened for writing: every host's parts go in with one
+transaction, so a bad file or a dead worker leaves the database exactly as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from concurrent.futures import BrokenExecutor, Executor, Future, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+
+from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
+from tpuanalyze.parsers.discover import RunSource, discover_inputs
+from tpuanalyze.parsers.remote import is_url
+from tpuanalyze.parsers.staging import MAX_SPAN_NS
+from tpuanalyze.pipeline.executors import default_workers, make_executor
+from tpuanalyze.pipeline.progress import IngestProgress
+from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
+from tpuanalyze.pipeline.views import install_default_views
+from tpuanalyze.store.commit import RunToStore, check_layout, store_runs
+from tpuanalyze.store.database import connect
+from tpuanalyze.store.parts import make_hive, remove_tree
+
+if TYPE_CHECKING:
+    from tpuanalyze.parsers.mlperf import MlperfTables
+
+# Without an explicit worker count, inputs smaller than this are read in the calling process:
+# starting a pool of fresh interpreters (~0.5 s each) costs more than it saves on small runs.
+POOL_MIN_BYTES = 64 << 20
+
+
+@dataclass
+class IngestSummary:
+    """What one ``ingest_paths`` call loaded."""
+
+    runs: int = 0  # trace runs + MLPerf result folders
+    hosts: int = 0
+    planes: int = 0
+    events: int = 0
+    seconds: float = 0.0
+    run_ids: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # display names of the trace runs, as run_ids
+    replaced_run_ids: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    mlperf_runs: int = 0  # result folders (each one run, counted in ``runs`` too)
+    mlperf_results: int = 0  # result files
+    mlperf_intervals: int = 0  # init/run/block/eval/epoch intervals (not counted in ``events``)
+    views: list[str] = field(default_factory=list)  # attribution views installed after the load
+    run_notes: list[str] = field(default_factory=list)  # the runs' own notes, each naming its run
+    workers: int = 1  # processes the map ran in (1: the calling process)
+    parquet: str | None = None  # the Parquet dataset holding the events, if any
+
+
+def ingest_paths(
+    paths: Sequence[str | Path],
+    db_path: str | Path,
+    progress: bool = False,
+    workers: int | None = None,
+    executor: Executor | None = None,
+    parquet: str | Path | None = None,
+) -> IngestSummary:
+    """Ingest the runs the paths name into ``db_path``; re-ingesting a source path replaces its run.
+
+    ``workers``: processes for the per-host map (default: the machine's cores, or the calling
+    process alone for small inputs); ``executor``: run the map there instead (any
+    ``concurrent.futures.Executor``, e.g. a Dask client's). ``parquet``: keep the event rows as a
+    Parquet dataset in that folder (hive layout), read by the database through views.
+    """
+    started = time.perf_counter()
+    if not paths:
+        raise TpuAnalyzeError("no paths given")
+    inputs = discover_inputs(list(paths))
+    sources = inputs.runs
+    hosts = [[HostInput(host, str(path), s.source_format) for host, path in s.files] for s in sources]
+    flat = [item for run_hosts in hosts for item in run_hosts]
+    summary = IngestSummary()
+    mlperf = None
+    if inputs.mlperf_files:  # parsed whole before any write: a bad log leaves the database untouched
+        from tpuanalyze.parsers.mlperf import load_mlperf
+
+        mlperf = load_mlperf(inputs.mlperf_files)
+    dataset = _dataset_of(db_path, parquet)
+    own_executor = executor is None
+    if executor is None:
+        count = _worker_count(workers, flat)
+        executor = make_executor(count)
+        summary.workers = count
+    else:
+        summary.workers = 0  # unknown: the caller's executor
+    staging = _staging_dir(db_path, dataset)
+    try:
+        with IngestProgress(progress) as bar:
+            probes = _probe_all(executor, flat, bar)
+            per_run = _split(probes, hosts)
+            _check_host_offsets(sources, hosts, per_run)
+            t0s = [_run_t0(run_probes) for run_probes in per_run]
+            loaded = _load_all(executor, hosts, t0s, staging, dataset is not None, bar)
+        runs = [
+            RunToStore(
+                name=s.name,
+                source_path=s.source_path,
+                source_format=s.source_format,
+                t0_ns=t0,
+                files=[p.file for p in run_probes if p.file is not None],
+                parts=[item.parts for item in run_loaded if item.parts is not None],
+                notes=list(s.notes),
+            )
+            for s, t0, run_probes, run_loaded in zip(sources, t0s, per_run, loaded, strict=True)
+        ]
+        worker_notes = [p.retried for run_loaded in loaded for item in run_loaded
+                        if (p := item.parts) is not None and p.retried]
+        _commit(db_path, runs, mlperf, parquet, dataset, summary)
+        summary.notes.extend(dict.fromkeys(worker_notes))
+    except BaseException as exc:
+        if own_executor and not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: stop the workers now
+            _stop_now(executor)
+        raise
+    finally:
+        if own_executor:
+            executor.shutdown(wait=True, cancel_futures=True)
+        forget_kept()
+        remove_tree(staging)
+    summary.runs = len(sources) + summary.mlperf_runs
+    summary.hosts = len(flat)
+    summary.notes = inputs.notes + summary.run_notes + summary.notes
+    summary.parquet = str(dataset) if dataset is not None else None
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _worker_count(workers: int | None, flat: list[HostInput]) -> int:
+    if workers is not None:
+        if workers < 1:
+            raise TpuAnalyzeError(f"--workers must be at least 1 (got {workers})")
+        return min(workers, max(len(flat), 1))
+    total = 0
+    for item in flat:
+        if is_url(item.path):  # size unknown without a request; several hosts download in parallel
+            total += POOL_MIN_BYTES
+            continue
+        try:
+            total += os.stat(item.path).st_size
+        except OSError:
+            pass
+    if total < POOL_MIN_BYTES:
+        return 1
+    return min(default_workers(), max(len(flat), 1))
+
+
+def _dataset_of(db_path: str | Path, parquet: str | Path | None) -> Path | None:
+    """Where this ingest's event parts go: ``parquet``, or the dataset an existing database keeps
+    its events in (re-ingests go there too), or None (the database file). A layout the database
+    refuses (``store.commit.check_layout``) is refused here already, before the map's work.
+
+    A glance without waiting: while another process writes the database the map goes ahead (as it
+    would anyway before the write lock), and the commit adapts the parts should the layout differ."""
+    explicit = Path(parquet).resolve() if parquet is not None else None
+    path = Path(db_path)
+    if not path.is_file():
+        return explicit
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error:  # held by a writer, or not a database: the write connection deals with it
+        return explicit
+    try:
+        return check_layout(con, db_path, Path(parquet) if parquet is not None else None)
+    except duckdb.Error:  # not a tpuanalyze database: the write connection says so
+        return explicit
+    finally:
+        con.close()
+
+
+def _staging_dir(db_path: str | Path, dataset: Path | None) -> Path:
+    """Scratch folder for the workers' parts: inside the dataset (the event parts are moved, not
+    copied, into it), else beside the database file (its disk has room for the database anyway)."""
+    parent = dataset if dataset is not None else Path(db_path).resolve().parent
+    if dataset is not None:
+        try:
+            dataset.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = f"cannot create the Parquet folder: {exc.strerror or exc}"
+            raise TpuAnalyzeError(reason, str(dataset)) from None
+    if not parent.is_dir():
+        parent = Path(tempfile.gettempdir())
+    staging = parent / f".tpuanalyze-staging-{uuid.uuid4().hex[:12]}"
+    try:
+        staging.mkdir()
+    except OSError:
+        staging = Path(tempfile.mkdtemp(prefix="tpuanalyze-staging-"))
+    return staging
+
+
+def _map(executor: Executor, fn, tasks: list, items: list[HostInput], bar: IngestProgress, counted) -> list:
+    """``fn`` over ``tasks`` in the executor; results in task order, the bar advanced as hosts
+    finish. The first failed host (in discovery order) raises, once every other task has stopped
+    (none writes to the staging folder after we return). Submission stops at a failure already
+    known (the inline executor runs each task as it is submitted)."""
+    futures: list[Future] = []
+    try:
+        for task, item in zip(tasks, items, strict=True):
+            future = executor.submit(fn, task)
+            future.add_done_callback(lambda f, name=Path(item.path).name: _advance(bar, f, name, counted))
+            futures.append(future)
+            if _failed_already(future):
+                break
+        results: list = []
+        for i, future in enumerate(futures):
+            try:
+                result = future.result()
+            except BrokenExecutor:
+                raise TraceFormatError(
+                    "a worker process died while reading this host (out of memory?)", items[i].path
+                ) from None
+            except Exception as exc:
+                if not _engine_failure(exc):
+                    raise  # a bug in a task: its traceback is the report
+                raise TraceFormatError(
+                    f"the worker reading this host failed ({type(exc).__name__}: {exc})", items[i].path
+                ) from None
+            if result.error is not None:
+                raise TraceFormatError(result.error.reason, result.error.path)
+            results.append(result)
+        return results
+    except Exception:
+        for future in futures:
+            future.cancel()
+        wait(futures)  # the tasks still running finish (a bad host stops the call, not them mid-write)
+        raise
+    # Ctrl-C or SIGTERM (BaseException) propagates at once: ``ingest_paths`` ends its pool's workers
+    # (cancelling their futures first would make the pool's own thread fail on them).
+
+
+def _stop_now(executor: Executor) -> None:
+    """Ctrl-C or SIGTERM: end our pool's worker processes at once (a host may take minutes); the
+    staging folder they wrote to is removed after."""
+    processes = getattr(executor, "_processes", None) or {}
+    for process in list(processes.values()):
+        try:
+            process.terminate()
+        except (OSError, AttributeError):
+            pass
+    for process in list(processes.values()):
+        try:
+            process.join(timeout=5)
+        except (OSError, AttributeError, AssertionError):
+            pass
+
+
+def _engine_failure(exc: BaseException) -> bool:
+    """An executor's own failure (a distributed engine's lost or killed worker), not a task's."""
+    module = type(exc).__module__ or ""
+    return module.split(".")[0] in ("distributed", "dask")
+
+
+def _failed_already(future: Future) -> bool:
+    if not future.done() or future.cancelled():
+        return False
+    return future.exception() is not None or future.result().error is not None
+
+
+def _advance(bar: IngestProgress, future: Future, name: str, counted) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return
+    bar.host_done(name, counted(future.result()))
+
+
+def _probe_all(executor: Executor, flat: list[HostInput], bar: IngestProgress) -> list[Probe]:
+    bar.phase("validating", len(flat))
+    return _map(executor, probe_host, flat, flat, bar, lambda result: 0)
+
+
+def _split(results: list, hosts: list[list[HostInput]]) -> list[list]:
+    out, start = [], 0
+    for run_hosts in hosts:
+        out.append(results[start : start + len(run_hosts)])
+        start += len(run_hosts)
+    return out
+
+
+def _run_t0(probes: Iterable[Probe]) -> int | None:
+    """The run's time zero: the earliest host's."""
+    t0s = [p.t0_ns for p in probes if p.t0_ns is not None]
+    return min(t0s) if t0s else None
+
+
+def _check_host_offsets(
+    sources: list[RunSource], hosts: list[list[HostInput]], probes: list[list[Probe]]
+) -> None:
+    """Refuse a run whose hosts start more than ``MAX_SPAN_NS`` apart (time policy, docs/input.md):
+    the far host would shift the run's time zero and every other host's events."""
+    for source, run_hosts, run_probes in zip(sources, hosts, probes, strict=True):
+        pairs = zip(run_hosts, run_probes, strict=True)
+        timed = sorted((p.t0_ns, h.path) for h, p in pairs if p.t0_ns is not None)
+        if len(timed) < 2 or timed[-1][0] - timed[0][0] <= MAX_SPAN_NS:
+            continue
+        median = timed[len(timed) // 2][0]
+        far = timed[0] if median - timed[0][0] > timed[-1][0] - median else timed[-1]
+        days = abs(far[0] - median) / 86_400e9
+        raise TraceFormatError(
+            f"starts {days:,.1f} days away from the other hosts of run {source.name!r} "
+            "(the hosts of a run must start within 7 days of each other)",
+            far[1],
+        )
+
+
+def _load_all(
+    executor: Executor,
+    hosts: list[list[HostInput]],
+    t0s: list[int | None],
+    staging: Path,
+    hive_events: bool,
+    bar: IngestProgress,
+) -> list[list[Loaded]]:
+    tasks: list[LoadTask] = []
+    for run_index, (run_hosts, t0) in enumerate(zip(hosts, t0s, strict=True)):
+        run_staging = str(staging / f"run-{run_index}")
+        tasks.extend(LoadTask(item, t0, run_staging, hive_events) for item in run_hosts)
+    bar.phase("loading", len(tasks))
+    results = _map(executor, load_host, tasks, [t.input for t in tasks], bar,
+                   lambda result: result.parts.events if result.parts else 0)
+    return _split(results, hosts)
+
+
+def _commit(
+    db_path: str | Path,
+    runs: list[RunToStore],
+    mlperf: MlperfTables | None,
+    parquet: str | Path | None,
+    dataset: Path | None,
+    summary: IngestSummary,
+) -> None:
+    """One connection for the load and the views: the write lock is held from the first statement
+    to the last, so no other process can slip in between (and make an ingest that committed fail
+    on its views)."""
+    con = connect(db_path)
+    try:
+        layout = check_layout(con, db_path, Path(parquet) if parquet is not None else None)
+        if layout is not None and dataset is None:
+            # the database turned out to keep its events in a dataset (it was busy at the glance):
+            # the event parts become hive parts first
+            for run in runs:
+                for part in run.parts:
+                    make_hive(part)
+        elif layout != dataset:  # another process moved the events between the glance and now
+            raise TpuAnalyzeError(
+                "another process changed where the database keeps its events during this ingest; "
+                "run it again",
+                str(db_path),
+            )
+        stored = store_runs(con, db_path, runs, mlperf, layout)
+        summary.run_ids, summary.names = stored.run_ids, stored.names
+        summary.replaced_run_ids, summary.run_notes = stored.replaced_run_ids, stored.run_notes
+        summary.planes, summary.events = stored.planes, stored.events
+        summary.mlperf_runs, summary.mlperf_results = stored.mlperf_runs, stored.mlperf_results
+        summary.mlperf_intervals = stored.mlperf_intervals
+        summary.notes.extend(stored.notes)
+        summary.views, note = install_default_views(con)
+        if note:
+            summary.notes.append(note)
+    finally:
+        con.close()

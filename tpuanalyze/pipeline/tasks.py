@@ -1,0 +1,131 @@
+"""The per-host tasks of the map: top-level functions of picklable arguments (file paths as
+strings), so any executor, a process pool or a cluster, can run them.
+
+``probe_host`` validates a host file and finds its time zero (the run's t0 is the earliest host's);
+``load_host`` reads it again, shifted to the run's t0, into Parquet parts (``store.parts``). Each
+returns only small things; a bad file is an error *result* (reason and path), so the main process
+reports the first bad host of the call and leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.parsers.readers import READERS
+from tpuanalyze.parsers.remote import is_url, local_input
+from tpuanalyze.parsers.staging import HostReader
+from tpuanalyze.store.commit import HostFile
+from tpuanalyze.store.parts import HostParts, write_host_parts
+
+# Readers a probe keeps for the load of the same process (the inline executor): an XSpace reader
+# holds byte ranges (kilobytes), a Chrome-trace reader every event, kept while they fit.
+KEEP_BYTES = 256 << 20
+_kept: dict[str, HostReader] = {}
+_kept_bytes = 0
+
+
+@dataclass(frozen=True)
+class HostInput:
+    """One host file of a run."""
+
+    host: str
+    path: str
+    source_format: str  # 'xspace' | 'chrome_json'
+
+
+@dataclass
+class TaskError:
+    """A host the map could not read: the one-line reason and the file it names."""
+
+    reason: str
+    path: str | None
+
+
+@dataclass
+class Probe:
+    """A validated host file: its time zero, size and the facts of its ``hosts`` row."""
+
+    t0_ns: int | None = None
+    num_events: int = 0
+    file: HostFile | None = None
+    error: TaskError | None = None
+
+
+@dataclass(frozen=True)
+class LoadTask:
+    """Load one host, times shifted to ``run_t0_ns``, as Parquet parts under ``staging``."""
+
+    input: HostInput
+    run_t0_ns: int | None
+    staging: str
+    hive_events: bool = False
+
+
+@dataclass
+class Loaded:
+    parts: HostParts | None = None
+    error: TaskError | None = None
+
+
+def _open(item: HostInput, local: Path | None = None) -> HostReader:
+    """The host's reader; for a URL, over its local copy ``local``, the URL kept as its file_path."""
+    reader = READERS[item.source_format](local or Path(item.path), item.host)
+    if local is not None:
+        reader.file_path = item.path  # what the database stores and errors name (docs/cluster.md)
+    return reader
+
+
+def _error(exc: BaseException, item: HostInput) -> TaskError:
+    if isinstance(exc, TpuAnalyzeError):
+        return TaskError(exc.reason, exc.path or item.path)
+    assert isinstance(exc, OSError)
+    return TaskError(f"cannot read: {exc.strerror or exc}", item.path)
+
+
+def probe_host(item: HostInput) -> Probe:
+    """Open and validate the host file (every reader checks its whole file when opened)."""
+    global _kept_bytes
+    url = is_url(item.path)
+    try:
+        with local_input(item.path) as local:  # a URL: a local copy while it is read
+            reader = _open(item, local if url else None)
+    except (TpuAnalyzeError, OSError) as exc:
+        return Probe(error=_error(exc, item))
+    size = 0 if item.source_format == "xspace" else reader.file_bytes
+    if not url and _kept_bytes + size <= KEEP_BYTES:  # a URL's copy is gone: never kept
+        _kept[item.path] = reader
+        _kept_bytes += size
+    facts = HostFile(
+        host=reader.host,
+        file_path=reader.file_path,
+        file_bytes=int(reader.file_bytes),
+        hostnames=list(reader.hostnames),
+        errors=list(reader.errors),
+        warnings=list(reader.warnings),
+        metadata=dict(reader.metadata),
+    )
+    return Probe(t0_ns=reader.t0_ns, num_events=int(reader.num_events), file=facts)
+
+
+def load_host(task: LoadTask) -> Loaded:
+    """Read the host file into Parquet parts (``store.parts.write_host_parts``)."""
+    url = is_url(task.input.path)
+    try:
+        with local_input(task.input.path) as local:  # a URL: a local copy while it is read
+            reader = _kept.pop(task.input.path, None) or _open(task.input, local if url else None)
+            parts = write_host_parts(reader, task.run_t0_ns, task.staging, task.hive_events)
+    except (TpuAnalyzeError, OSError) as exc:
+        return Loaded(error=_error(exc, task.input))
+    release = getattr(reader, "release", None)
+    if release:
+        release()
+    return Loaded(parts=parts)
+
+
+def forget_kept() -> None:
+    """Drop the readers kept by this process's probes (end of an ingest call)."""
+    global _kept_bytes
+    _kept.clear()
+    _kept_bytes = 0
