@@ -8,9 +8,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from tpuanalyze.analyzer.api import analyze_run, install_views, report_json
+from tpuanalyze.analyzer.api import install_views, report_json
 
-from tpuanalyze.pipeline import ingest_paths
+pytestmark = pytest.mark.xdist_group("captures")  # the session's shared ingest: one worker makes it
 
 
 def _shared_runs(shared: Path) -> list[Path]:
@@ -22,36 +22,31 @@ def _shared_runs(shared: Path) -> list[Path]:
     return paths
 
 
+class SharedRuns:
+    """This module's captures in the session's shared ingest (a database of many runs)."""
+
+    def __init__(self, captures, shared: Path) -> None:  # noqa: ANN001 - conftest.CaptureSet
+        self.captures = captures
+        self.paths = _shared_runs(shared)
+        self.db = captures.db
+
+    def path(self, fragment: str) -> Path:
+        found = [p for p in self.paths if fragment in str(p)]
+        assert len(found) == 1, (fragment, found)
+        return found[0]
+
+    def analysis(self, fragment: str):  # noqa: ANN201 - RunAnalysis
+        return self.captures.analysis(self.path(fragment))
+
+
 @pytest.fixture(scope="module")
-def shared_db(shared_traces: Path, tmp_path_factory: pytest.TempPathFactory) -> duckdb.DuckDBPyConnection:
-    db = tmp_path_factory.mktemp("shared") / "shared.duckdb"
-    ingest_paths(_shared_runs(shared_traces), db)
-    con = duckdb.connect(str(db))
-    install_views(con)
-    yield con
-    con.close()
+def shared_db(shared_traces: Path, shared_captures) -> SharedRuns:
+    return SharedRuns(shared_captures, shared_traces)
 
 
-_CACHE: dict[int, object] = {}
-
-
-def _analysis(con: duckdb.DuckDBPyConnection, run_id: int):  # noqa: ANN202 - RunAnalysis
-    """One analysis per run for the whole module (the tests only read it)."""
-    if run_id not in _CACHE:
-        _CACHE[run_id] = analyze_run(con, run_id)
-    return _CACHE[run_id]
-
-
-def _run_id(con: duckdb.DuckDBPyConnection, fragment: str) -> int:
-    rows = con.execute("SELECT run_id FROM runs WHERE source_path LIKE ?", [f"%{fragment}%"]).fetchall()
-    assert len(rows) == 1, (fragment, rows)
-    return rows[0][0]
-
-
-def test_every_shared_trace_analyzes(shared_db: duckdb.DuckDBPyConnection) -> None:
-    runs = shared_db.execute("SELECT run_id, name FROM runs WHERE source_format <> 'mlperf'").fetchall()
-    assert len(runs) >= 10
-    analyses = [_analysis(shared_db, run_id) for run_id, _ in runs]
+def test_every_shared_trace_analyzes(shared_db: SharedRuns) -> None:
+    assert len(shared_db.paths) >= 10
+    analyses = [shared_db.captures.analysis(path) for path in shared_db.paths]
     doc = json.loads(json.dumps(report_json(analyses)))  # plain JSON all the way down
     for run in doc["runs"]:
         assert set(run) >= {"run", "device_type", "hosts", "devices", "steps", "step_time_ms", "breakdown",
@@ -68,8 +63,8 @@ def test_every_shared_trace_analyzes(shared_db: duckdb.DuckDBPyConnection) -> No
             assert total == 0.0
 
 
-def test_v6e_inference_has_no_steps_line_and_says_so(shared_db: duckdb.DuckDBPyConnection) -> None:
-    a = _analysis(shared_db, _run_id(shared_db, "tpu_v6e_4chip"))
+def test_v6e_inference_has_no_steps_line_and_says_so(shared_db: SharedRuns) -> None:
+    a = shared_db.analysis("tpu_v6e_4chip")
     assert a.summary["device_type"].startswith("TPU v6")
     assert a.summary["devices"] == 4
     assert any("no Steps line" in n for n in a.summary["notes"])
@@ -79,17 +74,17 @@ def test_v6e_inference_has_no_steps_line_and_says_so(shared_db: duckdb.DuckDBPyC
     assert a.summary["breakdown"]["collectives"] > 0
 
 
-def test_kineto_json_gpu_kernels_and_profiler_steps(shared_db: duckdb.DuckDBPyConnection) -> None:
+def test_kineto_json_gpu_kernels_and_profiler_steps(shared_db: SharedRuns) -> None:
     """PyTorch Kineto JSON: no XSpace device planes; GPU kernels are the device ops, ProfilerStep#N the
     steps, the NCCL kernels collectives."""
-    a = _analysis(shared_db, _run_id(shared_db, "kineto_nccl_rank0"))
+    a = shared_db.analysis("kineto_nccl_rank0")
     assert any("Kineto" in n for n in a.summary["notes"])
     assert a.summary["device_type"] == "GPU" and a.summary["steps"] == 2
     assert a.summary["breakdown"]["collectives"] > 0 and not a.collectives.empty
 
 
-def test_pmap8_input_bound(shared_db: duckdb.DuckDBPyConnection) -> None:
-    a = _analysis(shared_db, _run_id(shared_db, "pmap8_input_bound"))
+def test_pmap8_input_bound(shared_db: SharedRuns) -> None:
+    a = shared_db.analysis("pmap8_input_bound")
     bd = a.summary["breakdown"]
     non_compute = {k: v for k, v in bd.items() if k != "compute"}
     assert max(non_compute, key=non_compute.get) == "input", bd
@@ -99,8 +94,8 @@ def test_pmap8_input_bound(shared_db: duckdb.DuckDBPyConnection) -> None:
     assert "all-reduce" in set(a.collectives["kind"])  # the program's pmean
 
 
-def test_pmap8_train_eval(shared_db: duckdb.DuckDBPyConnection) -> None:
-    a = _analysis(shared_db, _run_id(shared_db, "pmap8_train_eval"))
+def test_pmap8_train_eval(shared_db: SharedRuns) -> None:
+    a = shared_db.analysis("pmap8_train_eval")
     assert a.summary["breakdown"]["eval"] > 0.01
     # 20 annotated train steps; the first compiles (warm-up) and is left out of the statistics
     assert a.summary["steps"] == 19 and a.summary["warmup_steps"] == 1
@@ -108,19 +103,29 @@ def test_pmap8_train_eval(shared_db: duckdb.DuckDBPyConnection) -> None:
     assert ar["count_per_step"] >= 1 and ar["exposed_ms_per_step"] > 0
 
 
-def test_single_jit_has_no_collectives(shared_db: duckdb.DuckDBPyConnection) -> None:
-    a = _analysis(shared_db, _run_id(shared_db, "single_jit_train"))
+def test_single_jit_has_no_collectives(shared_db: SharedRuns) -> None:
+    a = shared_db.analysis("single_jit_train")
     assert a.summary["steps"] + a.summary["warmup_steps"] == 12 and a.summary["devices"] == 1
     assert a.collectives.empty and a.summary["breakdown"]["collectives"] == 0.0
 
 
-def test_evidence_sql_reproduces_the_numbers(shared_db: duckdb.DuckDBPyConnection) -> None:
+def test_evidence_sql_reproduces_the_numbers(shared_db: SharedRuns) -> None:
     """Every finding's evidence SQL runs against the database views and returns its first metric."""
-    for fragment in ("pmap8_input_bound", "pmap8_train_eval", "tpu_v6e_4chip"):
-        a = _analysis(shared_db, _run_id(shared_db, fragment))
+    analyses = {fragment: shared_db.analysis(fragment)
+                for fragment in ("pmap8_input_bound", "pmap8_train_eval", "tpu_v6e_4chip")}
+    con = duckdb.connect(str(shared_db.db))  # writable: the views `tpuanalyze sql` runs the SQL in
+    install_views(con)
+    try:
+        _check_evidence(con, analyses)
+    finally:
+        con.close()
+
+
+def _check_evidence(con: duckdb.DuckDBPyConnection, analyses: dict) -> None:
+    for fragment, a in analyses.items():
         assert a.findings, fragment
         for f in a.findings:
-            row = shared_db.execute(f["evidence"]["sql"]).fetchall()
+            row = con.execute(f["evidence"]["sql"]).fetchall()
             assert row, f["rule"]
             metrics = f["evidence"]["metrics"]
             first_key = next(iter(metrics))
@@ -129,9 +134,9 @@ def test_evidence_sql_reproduces_the_numbers(shared_db: duckdb.DuckDBPyConnectio
                 assert row[0][0] == pytest.approx(metrics[first_key], abs=1e-6), f["rule"]
 
 
-def test_gpu_xspace_streams(shared_db: duckdb.DuckDBPyConnection) -> None:
+def test_gpu_xspace_streams(shared_db: SharedRuns) -> None:
     """TF multi-worker on V100: only GPU:4 and GPU:6 carry timelines; H2D/D2H memcpys are input/output."""
-    a = _analysis(shared_db, _run_id(shared_db, "gpu_v100x8"))
+    a = shared_db.analysis("gpu_v100x8")
     assert a.summary["device_type"] == "GPU"
     assert sorted(a.per_core["device_ordinal"]) == [4, 6]
     assert a.summary["breakdown"]["compute"] > 0.5

@@ -13,13 +13,14 @@ import duckdb
 import pytest
 from conftest import run_cli
 from test_report_pipeline import generated_run, ingested
-from tpuanalyze.analyzer.api import analyze_db, analyze_run, install_views, report_json
+from tpuanalyze.analyzer.api import analyze_db, install_views, report_json
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings import ADVICE
 from tpuanalyze.analyzer.platform import advice_platform
 
 from tpuanalyze.errors import TpuAnalyzeError
-from tpuanalyze.pipeline import ingest_paths
+
+pytestmark = pytest.mark.xdist_group("captures")  # the session's shared ingest: one worker makes it
 
 TPU_WORDING = re.compile(
     r"iterations_per_loop|\bICI\b|torus|infeed|outfeed|\bTPU|space-to-depth|MXU|TensorCore", re.IGNORECASE)
@@ -37,19 +38,14 @@ def _gpu_and_cpu_traces(shared: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def shared_analyses(shared_traces: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Source path -> RunAnalysis for the GPU/CPU captures and the v6e inference capture."""
+def shared_analyses(shared_traces: Path, shared_captures) -> dict[str, object]:
+    """Source path -> RunAnalysis for the GPU/CPU captures and the v6e inference capture (the session's
+    shared ingest, a database of many runs); "db" -> that database."""
     v6e = shared_traces / "real" / "tpu_v6e_4chip_jax_inference.xplane.pb"
     paths = _gpu_and_cpu_traces(shared_traces) + [v6e]
-    db = tmp_path_factory.mktemp("platform") / "p.duckdb"
-    ingest_paths(paths, db)
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        rows = con.execute("SELECT run_id, source_path FROM runs ORDER BY run_id").fetchall()
-        analyses = {source: analyze_run(con, run_id) for run_id, source in rows}
-    finally:
-        con.close()
-    analyses["db"] = db
+    analyses = {str(p.resolve()): shared_captures.analysis(p) for p in paths}
+    assert len({id(a) for a in analyses.values()}) == len(paths)  # one run each
+    analyses["db"] = shared_captures.db
     return analyses
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import duckdb
 import numpy as np
 import pytest
 from conftest import PROJECT_ROOT, SHARED_TRACES, run_cli, run_cli_process
+from fuzz.harness import db_state
 from tpuanalyze.parsers import wire
 
 from tpuanalyze.pipeline import ingest_paths
@@ -34,27 +36,20 @@ DAY_US = 86_400e6
 cli = run_cli_process
 
 
-def state(db: Path) -> tuple:
-    """What a database holds (runs and row counts), to show a refusal left it unchanged."""
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        runs = con.execute(
-            "SELECT run_id, name, source_path, num_events FROM runs ORDER BY run_id"
-        ).fetchall()
-        counts = [
-            con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-            for t in ("event_rows", "planes", "lines", "event_metadata", "hosts")
-        ]
-        return tuple(runs), tuple(counts)
-    finally:
-        con.close()
+@pytest.fixture(scope="module")
+def pristine_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled single-jit run ingested once; each test gets a copy of this file."""
+    path = tmp_path_factory.mktemp("pristine") / "runs.duckdb"
+    ingest_paths([XSPACE], path)
+    return path
 
 
 @pytest.fixture()
-def db(tmp_path: Path) -> Path:
-    """A database already holding the bundled single-jit run."""
+def db(tmp_path: Path, pristine_db: Path) -> Path:
+    """A database of this test's own, already holding the bundled single-jit run."""
     path = tmp_path / "runs.duckdb"
-    ingest_paths([XSPACE], path)
+    shutil.copyfile(pristine_db, path)
+    assert not pristine_db.with_name(pristine_db.name + ".wal").exists()  # the copy is the whole database
     return path
 
 
@@ -70,10 +65,10 @@ def assert_refused(result, path: Path, *words: str) -> None:
 
 
 def refused_in_process(db: Path, path: Path, *words: str) -> None:
-    before = state(db)
+    before = db_state(db)
     result = run_cli("ingest", str(path), "--db", str(db))
     assert_refused(result, path, *words)
-    assert state(db) == before
+    assert db_state(db) == before
 
 
 def json_doc(path: Path) -> dict:
@@ -246,11 +241,11 @@ def test_hosts_of_a_run_starting_100_days_apart_are_refused(tmp_path: Path, db: 
                 line.timestamp_ns += 100 * 86_400 * 10**9
 
     xspace_with(tmp_path, change).rename(folder / "b.xplane.pb")
-    before = state(db)
+    before = db_state(db)
     result = run_cli("ingest", str(folder), "--db", str(db))
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "b.xplane.pb: starts 100.0 days away from the other hosts" in result.stderr
-    assert state(db) == before
+    assert db_state(db) == before
 
 
 # ------------------------------------------------------------------ MLPerf garbage lines
@@ -277,16 +272,19 @@ def test_mlperf_garbage_lines_are_one_line_errors(
     folder.mkdir(parents=True)
     path = folder / "result_0.txt"
     path.write_text("\n".join(lines) + "\n")
-    before = state(db)
+    before = db_state(db)
     result = run_cli("ingest", str(path), "--db", str(db))
     assert_refused(result, path.resolve(), f"line {at + 1}:")
-    assert state(db) == before
+    assert db_state(db) == before
     result = run_cli("mlperf", str(path))
     assert_refused(result, path.resolve())
 
 
 # ------------------------------------------------------------------ resource bounds
 
+
+# Peak memory and time of one command: with the other tests that measure them, on one worker
+RESOURCES = pytest.mark.xdist_group("resources")
 
 # A fresh interpreter that runs one command and writes that command's peak RSS (KiB) to a file: this
 # process's RUSAGE_CHILDREN is the maximum over every child any earlier test waited for.
@@ -312,6 +310,7 @@ def _gzip_stream(path: Path, head: bytes, body: bytes, repeat: int, tail: bytes)
         out.write(compressor.compress(tail) + compressor.flush())
 
 
+@RESOURCES
 def test_gzip_bomb_is_refused_quickly_with_bounded_memory(tmp_path: Path) -> None:
     """256 MB of inflated text in a ~250 KB file: refused after 64 MB (the ratio check), not inflated."""
     bomb = tmp_path / "bomb.trace.json.gz"
@@ -324,6 +323,7 @@ def test_gzip_bomb_is_refused_quickly_with_bounded_memory(tmp_path: Path) -> Non
     assert not (tmp_path / "x.duckdb").exists()
 
 
+@RESOURCES
 def test_millions_of_tiny_json_events_are_refused_before_parsing(tmp_path: Path) -> None:
     """4M events in a 600 KB gzip: refused at the event bound, never turned into 4M Python dicts."""
     many = tmp_path / "many.trace.json.gz"
@@ -350,6 +350,7 @@ def _many_planes(path: Path, count: int) -> None:
     path.write_bytes(space.SerializeToString())
 
 
+@RESOURCES
 def test_200k_empty_planes_are_refused_quickly(tmp_path: Path) -> None:
     path = tmp_path / "planes.xplane.pb"
     _many_planes(path, 200_000)
@@ -360,6 +361,7 @@ def test_200k_empty_planes_are_refused_quickly(tmp_path: Path) -> None:
     assert peak_mb < 400
 
 
+@RESOURCES
 def test_empty_planes_under_the_bound_cost_little(tmp_path: Path) -> None:
     path = tmp_path / "planes.xplane.pb"
     _many_planes(path, 2_000)
@@ -434,10 +436,10 @@ def test_mlperf_lone_surrogate_escape_is_a_one_line_error(
     folder = tmp_path / "v0.7" / "tpu-v3-32" / "resnet"
     folder.mkdir(parents=True)
     (folder / "result_0.txt").write_text("\n".join(lines) + "\n")
-    before = state(db)
+    before = db_state(db)
     result = run_cli("ingest", str(folder), "--db", str(db))
     assert_refused(result, (folder / "result_0.txt").resolve(), "line 4:", "lone UTF-16 surrogate")
-    assert state(db) == before
+    assert db_state(db) == before
     lines[3] = (
         ':::MLLOG {"time_ms": 1, "key": "opt_name", "value": "\\ud83d\\ude00", "metadata": {}}'  # a pair
     )
@@ -460,8 +462,8 @@ def test_file_names_that_are_not_utf8_are_one_line_errors(
         with open(root + b"/v0.7/tpu-v3-32/b\xff/result_0.txt", "wb") as out:
             out.write(sorted(shared_mlperf.rglob("result_0.txt"))[-1].read_bytes())
         target = tmp_path / "v0.7"
-    before = state(db)
+    before = db_state(db)
     result = cli("ingest", str(target), "--db", str(db))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1 and "\\xff" in result.stderr and "not valid UTF-8" in result.stderr
-    assert state(db) == before
+    assert db_state(db) == before

@@ -17,13 +17,23 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import run_cli
-from test_hostile_input import RUN, TRACE_JSON, XSPACE, cli, state
+from fuzz.harness import db_state
+from test_hostile_input import RUN, TRACE_JSON, XSPACE, cli
 
 from tpuanalyze import generator
 from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.safe_text import plain, safe
 
+# signals, a file-size limit and database locks between processes: one after another, on one worker
+pytestmark = pytest.mark.xdist_group("resources")
+
 HOSTILE = ["[/x]", "[memory]", "[link=https://evil.example/]click[/link]", "\x1b[31mred\x1b[0m", "[bold]b"]
+
+
+def _default_sigint() -> None:
+    """Ctrl-C as a shell leaves it to the command it starts; a test runner may ignore SIGINT (pytest-xdist
+    workers do), and an ignored signal stays ignored in every process started from there."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -33,6 +43,7 @@ def popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
+        preexec_fn=_default_sigint,
     )
 
 
@@ -98,7 +109,7 @@ def test_mlperf_and_ingest_notes_print_hostile_paths_literally(tmp_path: Path, s
     folder = tmp_path / "v0.7" / "tpu-v3-32-[/x]" / "[memory]bench"
     folder.mkdir(parents=True)
     (folder / "result_0.txt").write_text(source.read_text())
-    result = cli("mlperf", str(folder))
+    result = cli("mlperf", str(folder), env={"COLUMNS": "200"}, stdin=subprocess.DEVNULL)  # wide, any runner
     assert result.returncode == 0, result.stderr
     assert "[memory]bench" in result.stdout and "[/x]" in result.stdout
     walk = tmp_path / "walk"
@@ -124,7 +135,7 @@ def _limit_file_size(limit: int):
 def test_disk_full_at_commit_is_one_line_and_the_database_unchanged(tmp_path: Path, pod32: Path) -> None:
     db = tmp_path / "full.duckdb"
     ingest_paths([XSPACE], db)
-    before = state(db)
+    before = db_state(db)
     result = subprocess.run(
         [sys.executable, "-m", "tpuanalyze.cli", "ingest", str(pod32), "--db", str(db)],
         capture_output=True,
@@ -138,7 +149,7 @@ def test_disk_full_at_commit_is_one_line_and_the_database_unchanged(tmp_path: Pa
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"tpuanalyze: error: {db}"), result.stderr
     assert "database unchanged" in lines[0] and "File too large" in lines[0]
-    assert state(db) == before
+    assert db_state(db) == before
     assert run_cli("ingest", str(TRACE_JSON), "--db", str(db)).returncode == 0  # and it still works
 
 
@@ -179,20 +190,20 @@ def test_ctrl_c_and_sigterm_during_report(
 def test_leftovers_of_a_kill_9_are_cleaned_on_the_next_run(tmp_path: Path, pod32: Path) -> None:
     db = tmp_path / "k.duckdb"
     ingest_paths([XSPACE], db)
-    before = state(db)
+    before = db_state(db)
     proc = popen("ingest", str(pod32), "--db", str(db))
     assert _wait_for(lambda: _locked(db) or proc.poll() is not None)
     time.sleep(1.0)
     proc.kill()
     proc.communicate()
-    assert state(db) == before  # the transaction never committed
+    assert db_state(db) == before  # the transaction never committed
     spill = tmp_path / "k.duckdb.tmp"  # what a kill -9 while DuckDB spills leaves behind
     spill.mkdir(exist_ok=True)
     (spill / "duckdb_temp_storage-0.tmp").write_bytes(b"\0" * 4096)
     result = run_cli("ingest", str(TRACE_JSON), "--db", str(db))
     assert result.returncode == 0, result.stderr
     assert not spill.exists()
-    assert len(state(db)[0]) == 2
+    assert len(db_state(db)[0]) == 2
 
 
 # ------------------------------------------------------------------ concurrency

@@ -21,6 +21,8 @@ from tpuanalyze import generator  # a broken generator must fail these tests, no
 from tpuanalyze.pipeline import ingest_paths
 from tpuanalyze.proto import xplane_pb2
 
+pytestmark = pytest.mark.xdist_group("captures")  # the session's shared ingest: one worker makes it
+
 V6E = "real/tpu_v6e_4chip_jax_inference.xplane.pb"
 V100 = "real/gpu_v100x8_tf_multiworker.xplane.pb"
 
@@ -68,19 +70,20 @@ def _programs(space: xplane_pb2.XSpace) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def real_db(shared_traces, tmp_path_factory):
-    db = tmp_path_factory.mktemp("identity") / "real.duckdb"
+def real_db(shared_traces, shared_captures):
+    """Run folder or file -> identity, for every real XSpace capture (the session's shared ingest)."""
     paths = sorted(p for p in (shared_traces / "real").glob("*.xplane.pb") if "corrupt" not in p.name)
-    paths += [shared_traces / "real" / "gpu_mi300x_jax_conv_rundir", shared_traces / "jax_cpu"]
-    summary = ingest_paths(paths, db)
-    con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute("SELECT run_id, source_path FROM runs").fetchall()
-    identities = {}
-    for run_id, source in rows:
-        identities[Path(source)] = analyze_run(con, run_id).summary["identity"]
-    con.close()
-    assert len(identities) == len(summary.run_ids)
-    return identities
+    paths += [shared_traces / "real" / "gpu_mi300x_jax_conv_rundir"]
+    paths += sorted(p for p in (shared_traces / "jax_cpu").iterdir() if p.is_dir())
+    runs = {shared_captures.run_id(p) for p in paths}
+    assert len(runs) == len(paths)
+    con = duckdb.connect(str(shared_captures.db), read_only=True)
+    try:
+        sources = [Path(s) for (s,) in con.execute(
+            f"SELECT source_path FROM runs WHERE run_id IN ({', '.join(map(str, sorted(runs)))})").fetchall()]
+    finally:
+        con.close()
+    return {source: shared_captures.analysis(source).summary["identity"] for source in sources}
 
 
 def _files(source: Path) -> list[Path]:

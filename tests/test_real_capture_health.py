@@ -5,47 +5,23 @@ transfers, not compute; one program per step series; idle as XProf's duty cycle 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-import duckdb
 import pytest
-from conftest import xprof_python
-from tpuanalyze.analyzer.api import analyze_run
 
-from tpuanalyze.pipeline import ingest_paths
+pytestmark = pytest.mark.xdist_group("captures")  # the session's shared ingest: one worker makes it
 
 V6E = "real/tpu_v6e_4chip_jax_inference.xplane.pb"
 V100 = "real/gpu_v100x8_tf_multiworker.xplane.pb"
 
-# XProf's overview page on the same file. The expected value is computed here, by:
-#   $TPUANALYZE_XPROF_PYTHON -c "$XPROF_OVERVIEW" ../shared/traces/real/tpu_v6e_4chip_jax_inference.xplane.pb
-# (on the shared capture it prints device_idle_time_percent 13.4, device_duty_cycle_percent 86.5).
-XPROF_OVERVIEW = r"""
-import json, sys
-from xprof.convert import raw_to_tool_data
-page = json.loads(raw_to_tool_data.xspace_to_tool_data(sys.argv[1:], "overview_page", {})[0])
-props = next(t["p"] for t in page if "device_idle_time_percent" in t.get("p", {}))
-print("XPROF_JSON" + json.dumps({k: float(props[k].rstrip("%"))
-                                 for k in ("device_idle_time_percent", "device_duty_cycle_percent")}))
-"""
-
-
-def _analyze(path: Path, tmp_path: Path, *thresholds: dict | None):
-    """The analysis of one capture (one per thresholds override given, on the same database)."""
-    db = tmp_path / "t.duckdb"
-    summary = ingest_paths([path], db)
-    con = duckdb.connect(str(db))
-    try:
-        out = [analyze_run(con, summary.run_ids[0], t) for t in (thresholds or (None,))]
-        return out if len(out) > 1 else out[0]
-    finally:
-        con.close()
+# XProf's overview page on the same file, pinned in tests/data/xprof_expected.json with the command that
+# made it (tests/data/make_xprof_expected.py); test_xprof_beside.py runs XProf live and checks the pins hold.
+PINNED = json.loads((Path(__file__).parent / "data" / "xprof_expected.json").read_text())["captures"]
 
 
 @pytest.fixture(scope="module")
-def v6e(shared_traces: Path, tmp_path_factory: pytest.TempPathFactory):
-    return _analyze(shared_traces / V6E, tmp_path_factory.mktemp("v6e"))
+def v6e(shared_captures, shared_traces: Path):  # noqa: ANN001, ANN201 - CaptureSet, RunAnalysis
+    return shared_captures.analysis(shared_traces / V6E)
 
 
 def _codes(a) -> dict[str, dict]:
@@ -73,14 +49,8 @@ def test_v6e_step_series_holds_one_program(v6e) -> None:
     assert v6e.summary["step_time_ms"]["min"] > 500
 
 
-@pytest.mark.xprof
-def test_v6e_idle_matches_xprof_duty_cycle(v6e, shared_traces: Path) -> None:
-    python = xprof_python()
-    proc = subprocess.run([python, "-c", XPROF_OVERVIEW, str(shared_traces / V6E)], capture_output=True,
-                          text=True, timeout=300)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("XPROF_JSON")), None)
-    assert line, proc.stderr[-2000:]
-    xprof = json.loads(line[len("XPROF_JSON"):])
+def test_v6e_idle_matches_xprof_duty_cycle(v6e) -> None:
+    xprof = PINNED[f"shared:{V6E}"]["xprof"]  # 13.4% idle, 86.5% duty cycle on the shared capture
     ours = v6e.summary["breakdown"]["idle"]
     print(f"idle ours {ours:.2%} xprof {xprof['device_idle_time_percent']:.1f}% "
           f"(duty cycle {xprof['device_duty_cycle_percent']:.1f}%)")
@@ -88,8 +58,8 @@ def test_v6e_idle_matches_xprof_duty_cycle(v6e, shared_traces: Path) -> None:
     assert (1 - ours) * 100 == pytest.approx(xprof["device_duty_cycle_percent"], abs=2.0)
 
 
-def test_v100_reports_empty_device_planes(shared_traces: Path, tmp_path: Path) -> None:
-    a = _analyze(shared_traces / V100, tmp_path)
+def test_v100_reports_empty_device_planes(shared_traces: Path, shared_captures) -> None:
+    a = shared_captures.analysis(shared_traces / V100)
     warning = _codes(a)["empty-device-planes"]
     assert (warning["empty"], warning["total"]) == (6, 8)
     assert {p["plane"] for p in warning["planes"]} == {f"/device:GPU:{i}" for i in (0, 1, 2, 3, 5, 7)}
@@ -100,9 +70,10 @@ def _jax_runs(root: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("capture", ["single_jit_train", "pmap8_train_eval", "pmap8_input_bound"])
-def test_shared_jax_cpu_warmup_left_out(shared_traces: Path, tmp_path: Path, capture: str) -> None:
+def test_shared_jax_cpu_warmup_left_out(shared_traces: Path, shared_captures, capture: str) -> None:
     """The shared JAX captures compile inside their first step: flagged, and out of the statistics."""
-    a, kept = _analyze(shared_traces / "jax_cpu" / capture, tmp_path, None, {"warmup": {"keep": True}})
+    path = shared_traces / "jax_cpu" / capture
+    a, kept = shared_captures.analysis(path), shared_captures.analysis(path, {"warmup": {"keep": True}})
     warning = _codes(a)["warmup-step"]
     assert warning["steps"] == [0] and warning["kept"] is False
     first_ms = warning["step_ms"][0]
@@ -115,11 +86,11 @@ def test_shared_jax_cpu_warmup_left_out(shared_traces: Path, tmp_path: Path, cap
 
 @pytest.mark.parametrize("capture", ["single_jit_train", "pmap8_train_eval", "pmap8_input_bound",
                                      "single_jit_cold"])
-def test_bundled_jax_cpu_warmup(sample_traces: Path, tmp_path: Path, capture: str) -> None:
+def test_bundled_jax_cpu_warmup(sample_traces: Path, sample_captures, capture: str) -> None:
     """The bundled steady-state captures compiled every program before the trace started (their
     README): a first step much slower than the median is still flagged and left out; a first step
     within the warm-up factor is not called warm-up. `single_jit_cold` compiles in step 0."""
-    a = _analyze(sample_traces / "jax_cpu" / capture, tmp_path)
+    a = sample_captures.analysis(sample_traces / "jax_cpu" / capture)
     train = a.steps[~a.steps["is_eval"]]
     per_step = train.groupby("step_num")["duration_ps"].mean()
     slow_first = per_step.iloc[0] > 1.5 * per_step.median()
@@ -140,18 +111,18 @@ def test_v6e_global_chip_ids_say_the_job_is_larger(v6e) -> None:
     assert (warning["hosts_written"], warning["hosts_stated"]) == (1, 2)
 
 
-def test_jax_gpu_steps_are_program_executions(shared_traces: Path, tmp_path: Path) -> None:
+def test_jax_gpu_steps_are_program_executions(shared_traces: Path, shared_captures) -> None:
     """MI355X JAX capture: no Steps nor XLA Modules line; its 5 host execute calls of jit_loss_fn
     (GpuExecutable::ExecuteThunks) are the 5 steps, found through the kernels' correlation ids."""
-    a = _analyze(shared_traces / "real" / "gpu_mi355x_jax_te_fused_attn.xplane.pb", tmp_path)
+    a = shared_captures.analysis(shared_traces / "real" / "gpu_mi355x_jax_te_fused_attn.xplane.pb")
     assert set(a.steps["step_source"]) == {"program_launches"}
     assert set(a.steps["program"]) == {"jit_loss_fn"} and a.summary["steps"] == 5
     assert any("dominant program (jit_loss_fn)" in n for n in a.summary["notes"])
 
 
-def test_eager_jax_gpu_steps_hold_one_program(shared_traces: Path, tmp_path: Path) -> None:
+def test_eager_jax_gpu_steps_hold_one_program(shared_traces: Path, shared_captures) -> None:
     """MI300X eager JAX ops: thirteen programs; the step series is the one with most device time."""
-    a = _analyze(shared_traces / "real" / "gpu_mi300x_jax08_attention.xplane.pb", tmp_path)
+    a = shared_captures.analysis(shared_traces / "real" / "gpu_mi300x_jax08_attention.xplane.pb")
     assert a.steps["program"].nunique() == 1
     assert len(a.summary["programs"]) > 5
     step_program = [p for p in a.summary["programs"] if p["is_step_program"]]

@@ -1,7 +1,10 @@
 """`tpuanalyze report` end to end on real files: generated XSpace pods and real JAX CPU captures.
 
-Also home of the builders the other report tests share (``generated_run``, ``ingested``): traces are
-generated and ingested once per test run (cached), into real DuckDB files under a temporary folder.
+The verb runs in this process (``run_cli``) where its output is the check, and in a process of its own
+(``cli``) where the process is: exit statuses and one-line errors on bad input, the temporary database
+and folder it leaves behind. Also home of the builders the other report tests share (``generated_run``,
+``ingested``): traces are generated and ingested once per test run (cached), into real DuckDB files
+under a temporary folder.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT, run_cli_process
+from conftest import PROJECT_ROOT, run_cli, run_cli_process
 
 from tpuanalyze import generator
 from tpuanalyze.pipeline import ingest_paths
@@ -70,7 +73,7 @@ def test_report_json_is_the_analyzer_contract_for_each_ingested_run(tmp_path: Pa
     run = generated_run(scenario="input-bound")
     db, run_ids = ingested(run)
     out = tmp_path / "report.json"
-    proc = cli("report", str(db), "--json", str(out), "--quiet")
+    proc = run_cli("report", str(db), "--json", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     document = json.loads(out.read_text())
     assert document == json.loads(json.dumps(report_json(analyze_db(db, list(run_ids)))))
@@ -83,7 +86,7 @@ def test_report_json_is_the_analyzer_contract_for_each_ingested_run(tmp_path: Pa
 def test_traces_are_ingested_on_the_fly_into_a_kept_database(tmp_path: Path) -> None:
     run = generated_run(scenario="input-bound")
     db = tmp_path / "kept.duckdb"
-    proc = cli("report", str(run), "--db", str(db), "--json", "-")
+    proc = run_cli("report", str(run), "--db", str(db), "--json", "-")
     assert proc.returncode == 0, proc.stderr
     document = json.loads(proc.stdout)  # --json - : stdout is only the JSON
     assert [r["run"] for r in document["runs"]] == [f"{run.parent.parent.parent.name}/{run.name}"]
@@ -105,7 +108,7 @@ def test_traces_are_ingested_on_the_fly_into_a_kept_database(tmp_path: Path) -> 
     finally:
         con.close()
     # The kept database is a report PATH by itself, with the same numbers.
-    again = cli("report", str(db), "--json", "-")
+    again = run_cli("report", str(db), "--json", "-")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["runs"][0]["breakdown"] == document["runs"][0]["breakdown"]
 
@@ -127,13 +130,13 @@ def test_run_selection_in_a_database_with_several_runs(tmp_path: Path) -> None:
     first, second = generated_run(), generated_run(scenario="input-bound", seed=1)
     db, run_ids = ingested(first, second)
     assert len(run_ids) == 2
-    both = cli("report", str(db), "--json", "-")
+    both = run_cli("report", str(db), "--json", "-")
     assert both.returncode == 0, both.stderr
     assert len(json.loads(both.stdout)["runs"]) == 2
-    one = cli("report", str(db), "--run", str(run_ids[1]), "--json", "-")
+    one = run_cli("report", str(db), "--run", str(run_ids[1]), "--json", "-")
     assert one.returncode == 0, one.stderr
     assert [r["run"].rsplit("/", 1)[-1] for r in json.loads(one.stdout)["runs"]] == [second.name]
-    missing = cli("report", str(db), "--run", "no-such-run")
+    missing = run_cli("report", str(db), "--run", "no-such-run")
     assert missing.returncode == 2
     assert missing.stderr.startswith("tpuanalyze: error: ") and "no-such-run" in missing.stderr
 
@@ -181,7 +184,7 @@ def test_thresholds_file_changes_the_findings(tmp_path: Path) -> None:
     assert "input-bound" in {f["rule"] for f in default.summary["findings"]}
     strict = tmp_path / "strict.toml"
     strict.write_text("[input_bound]\nmedium = 0.99\nhigh = 0.995\n")
-    proc = cli("report", str(db), "--thresholds", str(strict), "--json", "-")
+    proc = run_cli("report", str(db), "--thresholds", str(strict), "--json", "-")
     assert proc.returncode == 0, proc.stderr
     assert "input-bound" not in {f["rule"] for f in json.loads(proc.stdout)["runs"][0]["findings"]}
 
@@ -189,7 +192,7 @@ def test_thresholds_file_changes_the_findings(tmp_path: Path) -> None:
 def test_real_jax_cpu_capture_reports_without_collectives(tmp_path: Path) -> None:
     run = jax_cpu_run("single_jit_train")
     html_path = tmp_path / "cpu.html"
-    proc = cli("report", str(run), "--html", str(html_path), "--json", str(tmp_path / "cpu.json"))
+    proc = run_cli("report", str(run), "--html", str(html_path), "--json", str(tmp_path / "cpu.json"))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "cpu.json").read_text())["runs"][0]
     assert summary["device_type"] == "CPU"

@@ -27,6 +27,8 @@ from tpuanalyze.analyzer.roofline import Peaks, add_roofline
 
 from tpuanalyze.pipeline import ingest_paths
 
+pytestmark = pytest.mark.xdist_group("captures")  # the session's shared ingest: one worker makes it
+
 EXPECTED = json.loads((Path(__file__).with_name("data") / "xprof_roofline.json").read_text())
 XPROF_BOUND = {"HBM": "memory", "Compute": "compute", "Unknown": None}
 V6E = "tpu_v6e_4chip_jax_inference.xplane.pb"
@@ -85,9 +87,9 @@ def _compare(analysis, expected: dict, efficiency_tol: float | None = None) -> i
 
 
 @pytest.mark.parametrize("key", sorted(k for k in EXPECTED if k != V6E))
-def test_bundled_capture_bound_by_agrees_with_xprof(key: str, tmp_path: Path) -> None:
+def test_bundled_capture_bound_by_agrees_with_xprof(key: str, sample_captures) -> None:
     expected = EXPECTED[key]
-    analysis = _analyse(_path(key), tmp_path)
+    analysis = sample_captures.analysis(_path(key))  # the file's run, analysed once per session
     roof = analysis.summary["roofline"]
     if expected["peak_flop_rate_gflops"]:
         # the device plane's stated peaks, read the same way (XProf's HBM figure is in GiB/s)
@@ -102,11 +104,11 @@ def test_bundled_capture_bound_by_agrees_with_xprof(key: str, tmp_path: Path) ->
         assert analysis.ops["bound_by"].isna().all()
 
 
-def test_real_v6e_capture_bound_by_agrees_with_xprof(tmp_path: Path) -> None:
+def test_real_v6e_capture_bound_by_agrees_with_xprof(request) -> None:
     path = _path(V6E)
     if not path.exists():
         pytest.skip(f"shared traces not present at {SHARED_TRACES}")
-    analysis = _analyse(path, tmp_path)
+    analysis = request.getfixturevalue("shared_captures").analysis(path)
     assert analysis.summary["roofline"]["source"] == "trace"
     assert analysis.summary["roofline"]["ridge_flops_per_byte"] == pytest.approx(
         EXPECTED[V6E]["hbm_ridge_point"], rel=1e-3)

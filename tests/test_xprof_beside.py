@@ -13,13 +13,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import duckdb
 import pytest
 from conftest import HAS_XPROF, SAMPLE_TRACES, SHARED_TRACES, run_cli, xprof_python
-from tpuanalyze.analyzer.api import analyze_run
 from tpuanalyze.reports.xprof_side import beside
 
-from tpuanalyze.pipeline import ingest_paths
+pytestmark = pytest.mark.xdist_group("captures")  # the session's shared ingest: one worker makes it
 
 PINNED = json.loads((Path(__file__).parent / "data" / "xprof_expected.json").read_text())["captures"]
 METRICS = ("step_time_ms", "idle_percent", "infeed_percent", "all_reduce_percent")
@@ -36,20 +34,12 @@ def _path(key: str) -> Path:
     return (SHARED_TRACES if base == "shared" else SAMPLE_TRACES) / rel
 
 
-_ANALYSES: dict[str, object] = {}
-
-
-def _analysis(key: str, tmp_path_factory) -> object:
-    if key not in _ANALYSES:
-        path = _path(key)
-        if key.startswith("shared:") and not SHARED_TRACES.is_dir():
-            pytest.skip(f"shared traces not present at {SHARED_TRACES}")
-        db = tmp_path_factory.mktemp("xprof-beside") / "db.duckdb"
-        summary = ingest_paths([path], db)
-        con = duckdb.connect(str(db), read_only=True)
-        _ANALYSES[key] = analyze_run(con, summary.run_ids[0])
-        con.close()
-    return _ANALYSES[key]
+def _analysis(key: str, request: pytest.FixtureRequest) -> object:
+    """Our analysis of the capture, from the session's ingest of the shared or bundled captures."""
+    if key.startswith("shared:") and not SHARED_TRACES.is_dir():
+        pytest.skip(f"shared traces not present at {SHARED_TRACES}")
+    captures = request.getfixturevalue("shared_captures" if key.startswith("shared:") else "sample_captures")
+    return captures.analysis(_path(key))
 
 
 def _cases():
@@ -61,8 +51,8 @@ def _cases():
 
 
 @pytest.mark.parametrize(("key", "metric"), list(_cases()))
-def test_ours_agree_with_xprof_within_5_points(key: str, metric: str, tmp_path_factory) -> None:
-    analysis = _analysis(key, tmp_path_factory)
+def test_ours_agree_with_xprof_within_5_points(key: str, metric: str, request) -> None:
+    analysis = _analysis(key, request)
     block = beside(analysis, PINNED[key]["xprof"], PINNED[key]["command"])
     row = next(m for m in block["metrics"] if m["metric"] == metric)
     if row["ours"] is None or row["xprof"] is None:
@@ -70,19 +60,19 @@ def test_ours_agree_with_xprof_within_5_points(key: str, metric: str, tmp_path_f
     assert not row["flagged"], row
 
 
-def test_every_capture_has_something_compared(tmp_path_factory) -> None:
+def test_every_capture_has_something_compared(request) -> None:
     for key in PINNED:
         if key.startswith("shared:") and not SHARED_TRACES.is_dir():
             continue
-        block = beside(_analysis(key, tmp_path_factory), PINNED[key]["xprof"], PINNED[key]["command"])
+        block = beside(_analysis(key, request), PINNED[key]["xprof"], PINNED[key]["command"])
         assert any(m["ours"] is not None and m["xprof"] is not None for m in block["metrics"]), key
 
 
-def test_a_difference_over_5_points_is_flagged(tmp_path_factory) -> None:
+def test_a_difference_over_5_points_is_flagged(request) -> None:
     key = "sample:generated/resnet50_v3-32_input-bound"
     theirs = dict(PINNED[key]["xprof"], infeed_percent_average=PINNED[key]["xprof"]["infeed_percent_average"]
                   + 6.0)
-    block = beside(_analysis(key, tmp_path_factory), theirs, "")
+    block = beside(_analysis(key, request), theirs, "")
     assert block["flagged"] == ["infeed_percent"]
 
 

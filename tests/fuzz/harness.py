@@ -610,6 +610,24 @@ def check_mlperf(path: Path, with_tables: bool = True) -> Outcome:
     return _guard(run)
 
 
+def db_state(db: Path) -> tuple:
+    """What a database holds: its runs, and the row count of every table (a refused ingest must leave
+    both as they were; every table, so none a future loader adds is left unchecked)."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        runs = con.execute(
+            "SELECT run_id, name, source_path, num_events FROM runs ORDER BY run_id"
+        ).fetchall()
+        tables = [name for (name,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE NOT temporary ORDER BY table_name").fetchall()]
+        counts = tuple((t, con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]) for t in tables)
+        return tuple(runs), counts
+    finally:
+        con.close()
+
+
 def write_input(folder: Path, kind: str, data: bytes, gz: bool = False) -> Path:
     """The input as a file the reader opens (MLPerf logs in a result folder of their own)."""
     if kind == "xspace":

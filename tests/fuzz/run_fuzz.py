@@ -49,32 +49,15 @@ def make_input(klass: str, seeds: dict, rng: random.Random) -> tuple[str, bytes,
     return "mlperf", harness.mutate_bytes(rng.choice(seeds["mlperf_bytes"]), rng), False
 
 
-def db_state(con_path: Path) -> tuple:
-    import duckdb
-
-    con = duckdb.connect(str(con_path), read_only=True)
-    try:
-        runs = con.execute(
-            "SELECT run_id, name, source_path, num_events FROM runs ORDER BY run_id"
-        ).fetchall()
-        counts = tuple(
-            con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-            for t in ("event_rows", "event_details", "planes", "lines", "event_metadata", "hosts")
-        )
-        return tuple(runs), counts
-    finally:
-        con.close()
-
-
 def check_db(path: Path, db: Path) -> harness.Outcome:
     """Ingest the input into ``db``: a refusal must leave it exactly as it was."""
-    before = db_state(db)
+    before = harness.db_state(db)
     try:
         ingest_paths([path], db)
     except TpuAnalyzeError as exc:
         if "\n" in str(exc):
             return harness.Outcome("wrong", f"ingest error not one line: {exc!r}")
-        after = db_state(db)
+        after = harness.db_state(db)
         if after != before:
             return harness.Outcome("wrong", "database changed by a refused ingest")
         return harness.Outcome("refused")
