@@ -216,7 +216,11 @@ def host_cpu_plane(
             e = enq.events.add(metadata_id=2, offset_ps=int(t * ps), duration_ps=max(1, int(enq_ms * ps)))
             e.stats.add(metadata_id=2, int64_value=c)
             t += enq_ms
-        m = main.events.add(metadata_id=3, offset_ps=int((start - launch) * ps), duration_ps=int(launch * ps))
+        # the first launch is cut at the line's start: an event never begins before its line (and host)
+        begin = max(0.0, start - launch)
+        m = main.events.add(
+            metadata_id=3, offset_ps=int(begin * ps), duration_ps=max(1, int((start - begin) * ps))
+        )
         m.stats.add(metadata_id=1, int64_value=k)
     if not eval_distributed:
         for _k, s, e in eval_spans:

@@ -56,7 +56,6 @@ def command(
       tpuanalyze ingest sample_traces/jax_cpu sample_traces/mlperf --db demo.duckdb
       tpuanalyze ingest sample_traces/generated/resnet50_v3-32_baseline --db demo.duckdb
       tpuanalyze ingest sample_traces/generated/resnet50_v3-32_baseline --db pod.duckdb --parquet pod_events
-      tpuanalyze ingest gs://bucket/logdir --db pod.duckdb --scheduler tcp://scheduler:8786
     """
     show = sys.stderr.isatty() if progress is None else progress
     with map_executor(scheduler, workers) as executor:  # the Dask cluster's, with --scheduler
