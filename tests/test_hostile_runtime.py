@@ -188,21 +188,31 @@ def test_ctrl_c_and_sigterm_during_report(
 
 
 def test_leftovers_of_a_kill_9_are_cleaned_on_the_next_run(tmp_path: Path, pod32: Path) -> None:
+    """kill -9 in the middle of the per-host map: the database is as it was, and the next ingest
+    removes what the killed one left (its staging folder of host parts, DuckDB's spill folder)."""
     db = tmp_path / "k.duckdb"
     ingest_paths([XSPACE], db)
     before = db_state(db)
-    proc = popen("ingest", str(pod32), "--db", str(db))
-    assert _wait_for(lambda: _locked(db) or proc.poll() is not None)
-    time.sleep(1.0)
+    # one process (no pool): nothing of the killed ingest lives on to write after the kill
+    proc = popen("ingest", str(pod32), "--db", str(db), "--workers", "1")
+
+    def staged() -> list[Path]:
+        return list(tmp_path.glob(".tpuanalyze-staging-*"))
+
+    assert _wait_for(lambda: any(any(p.rglob("*.parquet")) for p in staged()) or proc.poll() is not None)
+    assert proc.poll() is None, "the ingest ended before the kill: the test proves nothing"
     proc.kill()
     proc.communicate()
-    assert db_state(db) == before  # the transaction never committed
+    assert db_state(db) == before  # nothing was committed
+    left = staged()
+    assert left and any(any(p.rglob("*.parquet")) for p in left)  # the parts the kill left behind
     spill = tmp_path / "k.duckdb.tmp"  # what a kill -9 while DuckDB spills leaves behind
     spill.mkdir(exist_ok=True)
     (spill / "duckdb_temp_storage-0.tmp").write_bytes(b"\0" * 4096)
     result = run_cli("ingest", str(TRACE_JSON), "--db", str(db))
     assert result.returncode == 0, result.stderr
     assert not spill.exists()
+    assert not any(p.exists() for p in left)  # the dead ingest's staging folder is gone
     assert len(db_state(db)[0]) == 2
 
 
@@ -227,21 +237,37 @@ def _locked(db: Path) -> bool:
     return False
 
 
-def test_a_reader_during_a_32_host_ingest_waits_and_answers(tmp_path: Path, pod32: Path) -> None:
+def _popen_logged(log: Path, *args: str) -> subprocess.Popen:
+    """The CLI in a process of its own, its stderr in ``log`` (read while it runs)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tpuanalyze.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=log.open("w"),
+        text=True,
+    )
+
+
+def test_a_reader_while_another_process_writes_waits_and_answers(tmp_path: Path) -> None:
+    """A writer holds the database's lock (as an ingest does while it commits): a reader with
+    --wait says it waits, then answers with what the writer committed; --wait 0 is one line."""
     db = tmp_path / "c.duckdb"
     ingest_paths([XSPACE], db)
-    ingest = popen("ingest", str(pod32), "--db", str(db))
-    assert _wait_for(lambda: _locked(db) or ingest.poll() is not None)
-    assert ingest.poll() is None, "the ingest ended before a reader could meet it"
-    impatient = cli("sql", "SELECT count(*) FROM runs", "--db", str(db), "--wait", "0")
-    reader = cli("sql", "SELECT count(*) AS n FROM runs", "--db", str(db), "--format", "csv", "--wait", "300")
-    out, err = ingest.communicate(timeout=300)
-    assert ingest.returncode == 0, err
-    assert "ingested 1 run(s)" in out
-    # the reader waited for the commit (saying so) and then saw it; never "Could not set lock"
-    assert reader.returncode == 0, reader.stderr
-    assert "waiting to read" in reader.stderr and "Could not set lock" not in reader.stderr
-    assert reader.stdout.splitlines()[1] == "2"
+    writer = duckdb.connect(str(db))  # this process now holds the write lock
+    try:
+        impatient = cli("sql", "SELECT count(*) FROM runs", "--db", str(db), "--wait", "0")
+        log = tmp_path / "reader.err"
+        reader = _popen_logged(log, "sql", "SELECT name FROM runs", "--db", str(db), "--format", "csv",
+                               "--wait", "300")
+        assert _wait_for(lambda: "waiting to read" in log.read_text() or reader.poll() is not None)
+        assert reader.poll() is None, log.read_text()
+        writer.execute("UPDATE runs SET name = 'written-while-you-waited'")
+    finally:
+        writer.close()
+    out, _ = reader.communicate(timeout=300)
+    err = log.read_text()
+    assert reader.returncode == 0, err
+    assert "waiting to read" in err and "Could not set lock" not in err
+    assert out.splitlines()[1] == "written-while-you-waited"  # it saw the committed write
     # --wait 0: one line, naming the database and the option
     assert impatient.returncode == 2, impatient.stderr
     assert impatient.stderr.strip().splitlines()[-1].startswith(f"tpuanalyze: error: {db}: another process")
@@ -249,22 +275,32 @@ def test_a_reader_during_a_32_host_ingest_waits_and_answers(tmp_path: Path, pod3
 
 
 def test_two_ingests_both_land(tmp_path: Path, pod32: Path) -> None:
+    """Two ingests that meet a held database both queue (saying so) and both land, each with its views."""
     db = tmp_path / "two.duckdb"
-    first = popen("ingest", str(pod32), "--db", str(db))
-    assert _wait_for(lambda: _locked(db) or first.poll() is not None)
-    second = popen("ingest", str(RUN), "--db", str(db))
-    out2, err2 = second.communicate(timeout=300)
-    out1, err1 = first.communicate(timeout=300)
-    assert first.returncode == 0, err1
-    assert second.returncode == 0, err2
-    assert "waiting to write" in err2  # it queued behind the first
+    ingest_paths([XSPACE], db)
+    logs = [tmp_path / "first.err", tmp_path / "second.err"]
+    writer = duckdb.connect(str(db))  # held until both ingests wait for it
+    try:
+        first = _popen_logged(logs[0], "ingest", str(pod32), "--db", str(db))
+        second = _popen_logged(logs[1], "ingest", str(RUN), "--db", str(db))
+        procs = [first, second]
+        assert _wait_for(
+            lambda: all("waiting to write" in log.read_text() for log in logs)
+            or any(p.poll() is not None for p in procs)
+        ), [log.read_text() for log in logs]
+        assert all(p.poll() is None for p in procs), [log.read_text() for log in logs]
+    finally:
+        writer.close()
+    for proc, log in zip(procs, logs, strict=True):
+        proc.communicate(timeout=300)
+        assert proc.returncode == 0, log.read_text()
     con = duckdb.connect(str(db), read_only=True)
     runs = con.execute("SELECT source_path, num_hosts FROM runs ORDER BY run_id").fetchall()
     views = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'step_breakdown'").fetchone()[
         0
     ]
     con.close()
-    assert sorted(runs) == sorted([(str(pod32.resolve()), 32), (str(RUN.resolve()), 1)])
+    assert sorted(runs[1:]) == sorted([(str(pod32.resolve()), 32), (str(RUN.resolve()), 1)])
     assert views == 1  # each ingest's exit status 0 means its run and its views are committed
 
 

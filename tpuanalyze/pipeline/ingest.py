@@ -194,12 +194,32 @@ def _staging_dir(db_path: str | Path, dataset: Path | None) -> Path:
             raise TpuAnalyzeError(reason, str(dataset)) from None
     if not parent.is_dir():
         parent = Path(tempfile.gettempdir())
-    staging = parent / f".tpuanalyze-staging-{uuid.uuid4().hex[:12]}"
+    _remove_orphaned_staging(parent)
+    staging = parent / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
     try:
         staging.mkdir()
     except OSError:
-        staging = Path(tempfile.mkdtemp(prefix="tpuanalyze-staging-"))
+        staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
     return staging
+
+
+STAGING_PREFIX = ".tpuanalyze-staging-"  # then the owning process id, then a random suffix
+
+
+def _remove_orphaned_staging(parent: Path) -> None:
+    """Remove the staging folders that an ingest killed with -9 left in ``parent``: those whose
+    owning process (the id in the name) no longer exists. A live owner's folder, or a name without
+    an id, is left alone: it may be another ingest's, still running."""
+    for folder in parent.glob(f"{STAGING_PREFIX}*"):
+        pid_text = folder.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:  # the owner is gone: nobody writes there any more
+            remove_tree(folder)
+        except OSError:  # exists but not ours to signal: alive
+            continue
 
 
 def _map(executor: Executor, fn, tasks: list, items: list[HostInput], bar: IngestProgress, counted) -> list:
