@@ -1,4 +1,5 @@
-"""Bulk-load a run into the public relations from numpy columns (never row by row).
+"""Bulk-load one host into the public relations from numpy columns (never row by row): the loader
+each per-host map task runs into its own DuckDB (store/parts.py).
 
 Each event batch a reader yields, and the planes, lines and event metadata of a few planes at a
 time, reach DuckDB as numpy arrays read by a replacement scan (the arrays are local variables of
@@ -15,12 +16,10 @@ arrays are freed when the statement ends (benchmarks/results/ingest_memory.md).
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -295,27 +294,6 @@ def _insert_batch_with_stats(
 
 
 @dataclass
-class RunPlan:
-    """A run about to be loaded: its name/source and one opened reader per host file."""
-
-    name: str
-    source_path: str
-    source_format: str
-    hosts: list[HostReader]
-    notes: list[str] = field(default_factory=list)
-
-    fixed_t0: int | None = None
-
-    @property
-    def t0_ns(self) -> int | None:
-        """Time zero common to all hosts: the earliest host t0 (``fixed_t0`` when already known)."""
-        if self.fixed_t0 is not None:
-            return self.fixed_t0
-        t0s = [h.t0_ns for h in self.hosts if h.t0_ns is not None]
-        return min(t0s) if t0s else None
-
-
-@dataclass
 class RunCounts:
     planes: int = 0
     events: int = 0
@@ -474,80 +452,3 @@ def _load_host(
             if info.device_type and not facts["device_type"]:
                 facts["device_type"] = info.device_type
     tables.flush()
-
-
-def insert_run(
-    con: duckdb.DuckDBPyConnection,
-    run: RunPlan,
-    run_id: int,
-    on_batch: Callable[[int], None] | None = None,
-) -> RunCounts:
-    """Insert one run (inside the caller's transaction): planes, lines, metadata, events, hosts, run."""
-    counts = RunCounts()
-    facts: dict[str, Any] = {"devices": 0, "device_type": None, "kinds_with_events": set()}
-    run_t0 = run.t0_ns
-    # One DuckDB thread while loading: each batch is a small serial append anyway, and idle
-    # worker threads each keep their own allocator caches (measured with the earlier Arrow
-    # loader: peak RSS -40 MB on 2M events, no slower). The caller's setting is restored after.
-    threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
-    con.execute("SET threads = 1")
-    try:
-        for reader in run.hosts:
-            _load_host(con, run_id, run_t0, reader, counts, facts, on_batch)
-            release = getattr(reader, "release", None)
-            if release:
-                release()
-    finally:
-        try:
-            con.execute(f"SET threads = {int(threads)}")
-        except duckdb.Error:  # transaction aborted by a failed load: keep the original error
-            pass
-    con.execute(
-        """INSERT INTO hosts
-           SELECT $run_id, unnest($host), unnest($file_path), unnest($file_bytes),
-                  unnest(CAST($hostnames AS VARCHAR[][])), unnest(CAST($errors AS VARCHAR[][])),
-                  unnest(CAST($warnings AS VARCHAR[][]))""",
-        {
-            "run_id": run_id,
-            "host": [h.host for h in run.hosts],
-            "file_path": [h.file_path for h in run.hosts],
-            "file_bytes": [int(h.file_bytes) for h in run.hosts],
-            "hostnames": [list(h.hostnames) for h in run.hosts],
-            "errors": [list(h.errors) for h in run.hosts],
-            "warnings": [list(h.warnings) for h in run.hosts],
-        },
-    )
-    window = con.execute(
-        "SELECT min(start_ps), max(start_ps + duration_ps) FROM event_rows WHERE run_id = ?", [run_id]
-    ).fetchall()[0]
-    metadata: dict[str, Any] = {}
-    for h in run.hosts:
-        for key, value in h.metadata.items():
-            metadata.setdefault(key, value)
-    if run.notes:
-        metadata["notes"] = run.notes
-    device_type = facts["device_type"]
-    if device_type is None:
-        kinds = facts["kinds_with_events"]
-        device_type = "TPU" if "tpu" in kinds else "GPU" if "gpu" in kinds else "CPU"
-    con.execute(
-        """INSERT INTO runs (run_id, name, source_path, source_format, device_type, num_hosts,
-               num_devices, t0_ns, capture_start_ps, capture_end_ps, num_events, ingested_at, metadata)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-        [
-            run_id,
-            run.name,
-            run.source_path,
-            run.source_format,
-            device_type,
-            len(run.hosts),
-            facts["devices"],
-            run_t0,
-            window[0],
-            window[1],
-            counts.events,
-            datetime.now(timezone.utc).replace(tzinfo=None),
-            json.dumps(metadata, default=str) if metadata else None,
-        ],
-    )
-    return counts
