@@ -53,11 +53,16 @@ def popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
 def hostile_trace(tmp_path: Path) -> Path:
     """The bundled JAX CPU capture (Chrome JSON) with every op name prefixed by markup/escape codes."""
     doc = json.loads(gzip.decompress(TRACE_JSON.read_bytes()))
-    for i, event in enumerate(e for e in doc["traceEvents"] if e.get("ph") == "X"):
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    # the op name the analyzer reports: each distinct one gets a prefix by its sorted rank, the same in
+    # every run (str hash() is salted per process, which once left no [/x] or escape code in the top ops)
+    ops = sorted({str(e["args"]["hlo_op"]) for e in events if "hlo_op" in (e.get("args") or {})})
+    prefix = {op: HOSTILE[rank % len(HOSTILE)] for rank, op in enumerate(ops)}
+    for i, event in enumerate(events):
         event["name"] = HOSTILE[i % len(HOSTILE)] + str(event.get("name"))
         args = event.get("args") or {}
-        if "hlo_op" in args:  # the op name the analyzer reports
-            args["hlo_op"] = HOSTILE[hash(args["hlo_op"]) % len(HOSTILE)] + args["hlo_op"]
+        if "hlo_op" in args:
+            args["hlo_op"] = prefix[str(args["hlo_op"])] + str(args["hlo_op"])
     path = tmp_path / "hostile.trace.json.gz"
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
     return path
@@ -86,7 +91,7 @@ def test_report_and_sql_print_hostile_names_literally(tmp_path: Path) -> None:
     assert "\x1b" not in result.stdout and "\x1b" not in result.stderr
     shown = [h for h in ("[/x]", "[memory]", "[link=https://evil.example/]", "[bold]b") if h in result.stdout]
     assert shown, result.stdout  # the top ops carry the names, printed as they are
-    assert "\\x1b[31mred" in result.stdout or "[/x]" in result.stdout
+    assert "\\x1b[31mred" in result.stdout and "[/x]" in result.stdout  # escaped, and never markup
     sql = cli(
         "sql",
         "SELECT DISTINCT name FROM events WHERE name LIKE '[%' OR name LIKE '%red%' ORDER BY name",
