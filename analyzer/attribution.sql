@@ -12,24 +12,54 @@
 -- stage: att_runs
 -- One row per run: does it have accelerator (TPU/GPU) op events? If not, the run is "host-only" and
 -- XLA CPU ops (host thread events carrying an hlo_op stat) stand in for device ops.
+-- The flags are facts about which lines hold events: read from the small planes/lines tables and the
+-- narrow event_rows (an event of the `events` view is an event_rows row of a stored line and plane),
+-- never through the view's metadata and detail joins over every event of the run.
+WITH flag_lines AS (
+    SELECT l.run_id, l.host, l.plane_index, l.line_index,
+           l.name = 'Steps' AND p.name LIKE '/device:%' AS steps_line,
+           l.name = 'XLA Modules' AND p.name LIKE '/device:%' AS modules_line,
+           (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
+             AND (l.name = 'XLA Ops' OR l.name LIKE 'Stream #%') AS op_line
+    FROM lines l JOIN planes p USING (run_id, host, plane_index)
+    WHERE $run_filter AND $l_host AND p.name LIKE '/device:%'
+), flagged AS (
+    SELECT * FROM flag_lines WHERE steps_line OR modules_line OR op_line
+), line_events AS (
+    -- the flagged lines that hold at least one event, with whether one of their events has a group_id
+    -- of its own (with a duration)
+    SELECT f.run_id, f.host, f.plane_index, f.line_index, any_value(f.steps_line) AS steps_line,
+           any_value(f.modules_line) AS modules_line, any_value(f.op_line) AS op_line,
+           bool_or(e.group_id IS NOT NULL AND e.duration_ps > 0) AS own_group
+    FROM event_rows e JOIN flagged f USING (run_id, host, plane_index, line_index)
+    WHERE $e_host
+    GROUP BY ALL
+), metadata_groups AS (
+    -- device op events whose group_id comes from their metadata (event_metadata.group_id)
+    SELECT DISTINCT e.run_id
+    FROM (SELECT * FROM event_metadata m WHERE $run_filter AND m.group_id IS NOT NULL) m
+    JOIN event_rows e USING (run_id, host, plane_index, metadata_id)
+    JOIN flagged f USING (run_id, host, plane_index, line_index)
+    WHERE $e_host AND f.op_line AND e.duration_ps > 0
+), kineto AS (
+    -- Chrome-trace JSON from PyTorch/Kineto: GPU kernels and memcpys are events with a device
+    -- (the JSON stats are read only for chrome_json runs)
+    SELECT DISTINCT e.run_id
+    FROM events e JOIN (SELECT run_id FROM runs WHERE $run_filter AND source_format = 'chrome_json') k
+      USING (run_id)
+    WHERE $e_host AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
+)
 SELECT r.run_id,
        EXISTS (SELECT 1 FROM planes p
                WHERE p.run_id = r.run_id AND p.kind IN ('tpu', 'gpu') AND p.num_events > 0) AS has_device_planes,
-       EXISTS (SELECT 1 FROM events e
-               WHERE e.run_id = r.run_id AND $e_host AND e.line = 'Steps'
-                 AND (e.plane LIKE '/device:%')) AS has_steps_line,
-       EXISTS (SELECT 1 FROM events e
-               WHERE e.run_id = r.run_id AND $e_host AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%')
+       coalesce((SELECT bool_or(steps_line) FROM line_events x WHERE x.run_id = r.run_id), FALSE)
+           AS has_steps_line,
+       coalesce((SELECT bool_or(modules_line) FROM line_events x WHERE x.run_id = r.run_id), FALSE)
            AS has_modules_line,
        -- device ops grouped into steps by the profiler (group_id stat, e.g. TF GPU traces)
-       EXISTS (SELECT 1 FROM events e
-               WHERE e.run_id = r.run_id AND $e_host AND e.group_id IS NOT NULL AND e.duration_ps > 0
-                 AND (e.plane LIKE '/device:TPU:%' OR e.plane LIKE '/device:GPU:%')
-                 AND (e.line = 'XLA Ops' OR e.line LIKE 'Stream #%')) AS has_group_ids,
-       -- Chrome-trace JSON from PyTorch/Kineto: GPU kernels and memcpys are events with a device
-       r.source_format = 'chrome_json' AND EXISTS (
-           SELECT 1 FROM events e WHERE e.run_id = r.run_id AND $e_host
-             AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats) AS is_kineto
+       coalesce((SELECT bool_or(op_line AND own_group) FROM line_events x WHERE x.run_id = r.run_id), FALSE)
+           OR r.run_id IN (SELECT run_id FROM metadata_groups) AS has_group_ids,
+       r.run_id IN (SELECT run_id FROM kineto) AS is_kineto
 FROM runs r
 WHERE $run_filter;
 
