@@ -6,7 +6,10 @@
 -- run_id), $<stage> (the relation name of an earlier stage), $op_category / $collective_kind (SQL
 -- expressions from analyzer/classify.py), $pat_* (regex literals from analyzer/thresholds.toml),
 -- $e_host / $l_host (TRUE, or a predicate on a batch of hosts' events e / l when the stages run batch by batch)
--- and $att_programs_run (the run's program executions, all hosts: the dominant program is the run's).
+-- $att_programs_run (the run's program executions, all hosts: the dominant program is the run's) and
+-- $has_device_planes ... $is_kineto (att_runs' flags: the column r.<flag> of the joined att_runs row, or
+-- the literal TRUE/FALSE when the stages run for one run whose flags are known, so that DuckDB's
+-- optimizer drops the branches that cannot apply before they scan any event).
 -- Documented in docs/attribution.md.
 
 -- stage: att_runs
@@ -74,7 +77,7 @@ WITH raw AS MATERIALIZED (
            e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE AS on_host, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND r.has_device_planes
+    WHERE $run_filter AND $e_host AND $has_device_planes
       AND (e.plane LIKE '/device:TPU:%' OR e.plane LIKE '/device:GPU:%')
       AND (e.line IN ('XLA Ops', 'Async XLA Ops') OR e.line LIKE 'Stream #%')
       AND e.duration_ps > 0
@@ -90,7 +93,7 @@ WITH raw AS MATERIALIZED (
            e.start_ps, e.duration_ps, e.group_id, e.step_num, TRUE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND NOT r.has_device_planes
+    WHERE $run_filter AND $e_host AND NOT $has_device_planes
       AND e.plane LIKE '/host:%'
       AND json_extract_string(e.stats, '$.hlo_op') IS NOT NULL
       AND e.duration_ps > 0
@@ -100,7 +103,7 @@ WITH raw AS MATERIALIZED (
            e.flops, e.bytes_accessed, e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND r.is_kineto
+    WHERE $run_filter AND $e_host AND $is_kineto
       AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
       AND e.duration_ps > 0
 ), combos AS (
@@ -143,13 +146,13 @@ WITH modules AS (
            coalesce(nullif(e.hlo_module, ''), e.name) AS program, e.program_id,
            e.start_ps, e.start_ps + e.duration_ps AS end_ps, 'xla_modules' AS source
     FROM events e JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
+    WHERE $run_filter AND $e_host AND $has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
       AND e.duration_ps > 0
 ), launched AS (
     SELECT o.run_id, o.host, o.device, o.hlo_module AS program, o.start_ps, o.duration_ps, l.start_ps AS launch_ps
     FROM $att_ops o JOIN $att_runs r USING (run_id)
     JOIN events l ON l.run_id = o.run_id AND l.host = o.host AND l.correlation_id = o.correlation_id
-    WHERE r.has_device_planes AND NOT r.has_modules_line AND NOT r.has_steps_line AND NOT r.has_group_ids
+    WHERE $has_device_planes AND NOT $has_modules_line AND NOT $has_steps_line AND NOT $has_group_ids
       AND $l_host AND o.hlo_module IS NOT NULL AND o.correlation_id IS NOT NULL AND l.plane LIKE '/host:%'
 ), dispatch AS (
     SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
@@ -189,13 +192,13 @@ WITH device_list AS (
            regexp_matches(lower(e.name), $pat_eval_program) AS named_eval, 'steps_line' AS step_source,
            CAST(NULL AS INTEGER) AS line_index, CAST(NULL AS VARCHAR) AS program
     FROM events e JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND r.has_device_planes AND e.line = 'Steps' AND e.plane LIKE '/device:%'
+    WHERE $run_filter AND $e_host AND $has_device_planes AND e.line = 'Steps' AND e.plane LIKE '/device:%'
       AND e.duration_ps > 0
 ), group_steps AS (
     SELECT o.run_id, o.host, o.device, o.group_id, min(o.start_ps), max(o.start_ps + o.duration_ps),
            FALSE, 'group_id', CAST(NULL AS INTEGER), CAST(NULL AS VARCHAR)
     FROM $att_ops o JOIN $att_runs r USING (run_id)
-    WHERE r.has_device_planes AND NOT r.has_steps_line AND r.has_group_ids AND o.group_id IS NOT NULL
+    WHERE $has_device_planes AND NOT $has_steps_line AND $has_group_ids AND o.group_id IS NOT NULL
       AND o.line <> 'Async XLA Ops'
     GROUP BY o.run_id, o.host, o.device, o.group_id
 ), dominant AS (
@@ -208,7 +211,7 @@ WITH device_list AS (
            row_number() OVER (PARTITION BY p.run_id, p.host, p.device ORDER BY p.start_ps) - 1,
            p.start_ps, p.end_ps, FALSE, p.source, CAST(NULL AS INTEGER), p.program
     FROM $att_programs p JOIN $att_runs r USING (run_id) JOIN dominant d USING (run_id, program)
-    WHERE NOT r.has_steps_line AND NOT r.has_group_ids
+    WHERE NOT $has_steps_line AND NOT $has_group_ids
 ), host_steps AS (
     -- StepTraceAnnotation (step_num stat); Kineto's "ProfilerStep#N" annotations
     SELECT e.run_id, e.host, d.device,
@@ -218,8 +221,8 @@ WITH device_list AS (
            CAST(NULL AS VARCHAR)
     FROM events e JOIN $att_runs r USING (run_id)
     JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
-    WHERE $run_filter AND $e_host AND NOT r.has_device_planes AND (e.plane LIKE '/host:%' OR r.is_kineto)
-      AND (e.step_num IS NOT NULL OR (r.is_kineto AND regexp_matches(e.name, '^ProfilerStep#\d+$')))
+    WHERE $run_filter AND $e_host AND NOT $has_device_planes AND (e.plane LIKE '/host:%' OR $is_kineto)
+      AND (e.step_num IS NOT NULL OR ($is_kineto AND regexp_matches(e.name, '^ProfilerStep#\d+$')))
       AND e.duration_ps > 0
       AND json_extract_string(e.stats, '$.hlo_op') IS NULL
       AND coalesce(json_extract_string(e.stats, '$.cat'), '') NOT IN $kineto_device_cats
@@ -283,13 +286,13 @@ SELECT run_id, host, device, start_ps, end_ps FROM $att_steps WHERE named_eval
 UNION ALL
 SELECT e.run_id, e.host, e.device_ordinal, e.start_ps, e.start_ps + e.duration_ps
 FROM events e JOIN $att_runs r USING (run_id)
-WHERE $run_filter AND $e_host AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
+WHERE $run_filter AND $e_host AND $has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
   AND regexp_matches(lower(e.name), $pat_eval_program) AND e.duration_ps > 0
 UNION ALL
 SELECT e.run_id, e.host, d.device, e.start_ps, e.start_ps + e.duration_ps
 FROM events e JOIN $att_runs r USING (run_id)
 JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
-WHERE $run_filter AND $e_host AND NOT r.has_device_planes AND e.plane LIKE '/host:%'
+WHERE $run_filter AND $e_host AND NOT $has_device_planes AND e.plane LIKE '/host:%'
   AND regexp_matches(lower(e.name), $pat_eval_annotation) AND e.duration_ps > 0;
 
 -- stage: att_input_spans
