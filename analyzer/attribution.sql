@@ -527,14 +527,38 @@ FROM per_kind WHERE kind IS NOT NULL
 GROUP BY ALL;
 
 -- stage: op_steps
--- Every attributed device op with the step it starts in (NULL outside steps) and that step's eval flag.
+-- Every attributed device op with the step it starts in (NULL outside steps) and that step's eval flag:
+-- the step with the latest start at or before the op's start, if the op starts before that step ends
+-- (what an ASOF join on the step start finds). Found by one window over the steps and the distinct op
+-- starts of each device, keyed by one integer per device (as att_elementary's sweep), then given to the
+-- ops by an equality join: an ASOF join would sort every op row with its payload and string keys.
+WITH ops AS (
+    SELECT *, hash(run_id::BIGINT, host, device::BIGINT) AS dev_key FROM $att_ops
+), steps AS (
+    SELECT row_number() OVER () AS step_index, hash(run_id::BIGINT, host, device_ordinal::BIGINT) AS dev_key,
+           start_ps, duration_ps, step_num, is_eval
+    FROM $step_breakdown WHERE device_ordinal IS NOT NULL
+), points AS (
+    -- a step's start sorts before an op starting at the same instant (the op is in that step)
+    SELECT dev_key, start_ps AS ts, 0 AS is_op, step_index FROM steps
+    UNION ALL
+    SELECT DISTINCT dev_key, start_ps, 1, CAST(NULL AS BIGINT) FROM ops
+), latest AS (
+    SELECT dev_key, ts,
+           last_value(step_index IGNORE NULLS) OVER (PARTITION BY dev_key ORDER BY ts, is_op
+                                                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS step_index
+    FROM points
+    QUALIFY is_op = 1
+), step_of AS (
+    SELECT k.dev_key, k.ts,
+           CASE WHEN k.ts < s.start_ps + s.duration_ps THEN s.step_num END AS step_num,
+           CASE WHEN k.ts < s.start_ps + s.duration_ps THEN s.start_ps END AS step_start,
+           CASE WHEN k.ts < s.start_ps + s.duration_ps THEN s.is_eval END AS step_is_eval
+    FROM latest k JOIN steps s USING (step_index)
+)
 SELECT o.run_id, o.host, o.device AS device_ordinal, o.short_name,
        o.name, o.category, o.collective_kind,
        o.hlo_category, o.hlo_module, o.tf_op, o.shape, o.flops, o.bytes_accessed, o.start_ps, o.duration_ps,
-       o.line, o.is_container,
-       CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.step_num END AS step_num,
-       CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.start_ps END AS step_start,
-       CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.is_eval END AS step_is_eval
-FROM $att_ops o
-ASOF LEFT JOIN $step_breakdown s
-    ON s.run_id = o.run_id AND s.host = o.host AND s.device_ordinal = o.device AND o.start_ps >= s.start_ps;
+       o.line, o.is_container, k.step_num, k.step_start, k.step_is_eval
+FROM ops o
+LEFT JOIN step_of k ON k.dev_key = o.dev_key AND k.ts = o.start_ps;
