@@ -300,10 +300,12 @@ WHERE $run_filter AND $e_host AND NOT $has_device_planes AND e.plane LIKE '/host
 -- (PjitFunction / Execute on the annotating thread) is the host producing the batch = input wait.
 SELECT s.run_id, s.host, s.device, s.start_ps, least(s.end_ps, min(e.start_ps)) AS end_ps
 FROM $att_steps s
+JOIN $att_runs r ON r.run_id = s.run_id
 JOIN events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.line_index
              AND e.start_ps >= s.start_ps AND e.start_ps < s.end_ps
              AND regexp_matches(e.name, $pat_dispatch)
-WHERE s.step_source = 'step_annotation' AND NOT s.named_eval AND $e_host
+-- (step annotations are steps of host-only runs only: att_steps' host_steps)
+WHERE s.step_source = 'step_annotation' AND NOT s.named_eval AND $e_host AND NOT $has_device_planes
 GROUP BY s.run_id, s.host, s.device, s.start_ps, s.end_ps;
 
 -- stage: att_intervals
