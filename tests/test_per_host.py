@@ -56,6 +56,7 @@ def _same(whole: list[RunAnalysis], batched: list[RunAnalysis]) -> None:
         pd.testing.assert_frame_equal(w.per_host, b.per_host)
         pd.testing.assert_frame_equal(w.collectives, b.collectives)
         pd.testing.assert_frame_equal(w.input, b.input)
+        pd.testing.assert_frame_equal(w.ops, b.ops)
     assert _close(report_json(whole), report_json(batched)) == []
 
 
