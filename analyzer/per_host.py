@@ -83,15 +83,14 @@ def _append(con: duckdb.DuckDBPyConnection, table: str, select: str, first: bool
 BatchHook = Callable[[duckdb.DuckDBPyConnection, str], None]
 
 
-def _op_steps_with_hook(con: duckdb.DuckDBPyConnection, op_steps: str, text: str, batch_rows: str,
+def _op_steps_with_hook(con: duckdb.DuckDBPyConnection, op_steps: str, text: str,
                         on_batch: BatchHook) -> None:
-    """The batch's op rows into a TEMP table, appended to the run's ``op_steps`` from there and
-    handed to ``on_batch`` (its partial aggregates read the batch, not the run's table)."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {batch_rows} AS SELECT * FROM {op_steps} LIMIT 0")
-    con.execute(f"INSERT INTO {batch_rows} {text}")
-    con.execute(f"INSERT INTO {op_steps} SELECT * FROM {batch_rows}")
-    on_batch(con, batch_rows)
-    con.execute(f"DROP TABLE {batch_rows}")
+    """Append the batch's op rows to the run's ``op_steps`` and hand them to ``on_batch``: the rows
+    from the row count before on (an append-only table numbers its rows in order, and a rowid filter
+    reads only the row groups holding them), so the partial aggregates read the batch, not the run."""
+    before = int(con.execute(f"SELECT count(*) FROM {op_steps}").fetchone()[0])
+    con.execute(f"INSERT INTO {op_steps} {text}")
+    on_batch(con, f"(SELECT * FROM {op_steps} WHERE rowid >= {before})")
 
 
 def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
@@ -161,7 +160,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             if on_batch is None:
                 con.execute(f"INSERT INTO {op_steps} {text}")
             else:
-                _op_steps_with_hook(con, op_steps, text, f"{local}op_steps", on_batch)
+                _op_steps_with_hook(con, op_steps, text, on_batch)
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage op_steps failed: {exc}") from exc
     for name in stages:
