@@ -58,41 +58,69 @@ class CollectivePartials:
     _shapes: dict[str, tuple[float | None, str | None]] = field(default_factory=dict)
 
     def add(self, con: duckdb.DuckDBPyConnection, op_rows: str) -> None:
-        """Add the collective rows of ``op_rows`` (op_steps' columns: one batch of hosts, or all)."""
-        ops = con.execute(
-            f"""SELECT collective_kind AS kind, short_name, {SHAPE_TEXT_SQL} AS shape_text, bytes_accessed,
-                       host, device_ordinal, step_num, step_start, start_ps, duration_ps, line
+        """Add the collective rows of ``op_rows`` (op_steps' columns: one batch of hosts, or all),
+        aggregated in DuckDB: only the partials come to pandas."""
+        rows = "ta_collective_rows"
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE {rows} AS
+                SELECT collective_kind AS kind, short_name, {SHAPE_TEXT_SQL} AS shape_text, bytes_accessed,
+                       host, device_ordinal, step_num, step_start, start_ps, duration_ps,
+                       line <> 'Async XLA Ops' AS sync
                 FROM {op_rows}
-                WHERE collective_kind IS NOT NULL AND step_start IS NOT NULL AND NOT step_is_eval"""
-        ).df()
-        if ops.empty:
+                WHERE collective_kind IS NOT NULL AND step_start IS NOT NULL AND NOT step_is_eval""")
+        try:
+            self._add_rows(con, rows)
+        finally:
+            con.execute(f"DROP TABLE IF EXISTS {rows}")
+
+    def _add_rows(self, con: duckdb.DuckDBPyConnection, rows: str) -> None:
+        n = int(con.execute(f"SELECT count(*) FROM {rows}").fetchone()[0])
+        if not n:
             return
-        self.rows += len(ops)
-        # payload per op instance: the shape's bytes, else the trace's bytes_accessed
-        for s in ops["shape_text"].dropna().unique():
-            if s not in self._shapes:
-                self._shapes[s] = shape_bytes(s)
-        none = (None, None)
-        shapes = self._shapes
-        ops["payload"] = [shapes.get(s, none)[0] if isinstance(s, str) else None for s in ops["shape_text"]]
-        ops["payload"] = ops["payload"].astype("float64").fillna(ops["bytes_accessed"].astype("float64"))
-        ops["dtype"] = [shapes.get(s, none)[1] if isinstance(s, str) else None for s in ops["shape_text"]]
-        # one op per collective: the -done half of an async pair is its wait, not a second collective
-        sync_ops = ops[ops["line"] != "Async XLA Ops"]
-        counted = sync_ops[~sync_ops["short_name"].str.contains(r"-done", regex=True, na=False)]
-        self.payloads.append(counted.groupby(["kind", "payload"], dropna=False).size().rename("n")
-                             .reset_index())
-        self.dtypes.append(counted.groupby(["kind", "dtype"]).size().rename("n").reset_index())
-        if sync_ops.empty:
+        self.rows += n
+        # payload per op instance: the shape's bytes (parsed once per distinct shape text), else the
+        # trace's bytes_accessed
+        texts = [r[0] for r in con.execute(f"SELECT DISTINCT shape_text FROM {rows} "
+                                           "WHERE shape_text IS NOT NULL").fetchall()]
+        for text in texts:
+            if text not in self._shapes:
+                self._shapes[text] = shape_bytes(text)
+        shapes = pd.DataFrame({"shape_text": pd.Series(texts, dtype="object"),
+                               "payload": pd.Series([self._shapes[t][0] for t in texts], dtype="float64"),
+                               "dtype": pd.Series([self._shapes[t][1] for t in texts], dtype="object")})
+        con.register("ta_collective_shapes", shapes)
+        try:
+            # one op per collective: the -done half of an async pair is its wait, not a second collective
+            counted = con.execute(
+                f"""SELECT c.kind, coalesce(s.payload, c.bytes_accessed) AS payload, s.dtype, count(*) AS n
+                    FROM {rows} c LEFT JOIN ta_collective_shapes s ON s.shape_text = c.shape_text
+                    WHERE c.sync AND (c.short_name IS NULL OR c.short_name NOT LIKE '%-done%')
+                    GROUP BY ALL""").df()
+        finally:
+            con.unregister("ta_collective_shapes")
+        self.payloads.append(counted.groupby(["kind", "payload"], dropna=False)["n"].sum().reset_index())
+        self.dtypes.append(counted[counted["dtype"].notna()].groupby(["kind", "dtype"])["n"].sum()
+                           .reset_index())
+        durations = con.execute(f"SELECT kind, CAST(sum(duration_ps) AS BIGINT) AS ps FROM {rows} "
+                                "WHERE sync GROUP BY kind").df()
+        if durations.empty:
             return
-        self.durations.append(sync_ops.groupby("kind")["duration_ps"].sum())
-        # instances matched across devices by (step number, op name, occurrence within the step)
-        df = sync_ops.sort_values(["start_ps", "duration_ps"], kind="stable").copy()
-        df["occurrence"] = df.groupby(["host", "device_ordinal", "step_start", "short_name"]).cumcount()
-        self.dev_steps += df.groupby(["host", "device_ordinal", "step_start"]).ngroups
-        self.instances.append(df.groupby(["kind", "step_num", "short_name", "occurrence"],
-                                         dropna=False)["duration_ps"].min())
-        self.step_nums.append(df[["kind", "step_num"]].drop_duplicates())
+        self.durations.append(durations.set_index("kind")["ps"])
+        self.dev_steps += int(con.execute(
+            f"SELECT count(*) FROM (SELECT DISTINCT host, device_ordinal, step_start FROM {rows} WHERE sync)"
+        ).fetchone()[0])
+        # instances matched across devices by (step number, op name, occurrence within the step: in start
+        # order, then duration; ops tied on both have the same duration, so which is which never matters)
+        instances = con.execute(
+            f"""SELECT kind, step_num, short_name, occurrence, min(duration_ps) AS duration_ps
+                FROM (SELECT kind, step_num, short_name, duration_ps,
+                             row_number() OVER (PARTITION BY host, device_ordinal, step_start, short_name
+                                                ORDER BY start_ps, duration_ps) - 1 AS occurrence
+                      FROM {rows} WHERE sync)
+                GROUP BY ALL""").df()
+        self.instances.append(instances.set_index(["kind", "step_num", "short_name", "occurrence"])
+                              ["duration_ps"])
+        self.step_nums.append(con.execute(f"SELECT DISTINCT kind, step_num FROM {rows} WHERE sync").df())
 
 
 def collectives_frame(con: duckdb.DuckDBPyConnection, rel: dict[str, str],
