@@ -12,14 +12,16 @@ hosts, each host's query reading only that host's row groups:
    breakdown, collective time per step, eval and input spans) are appended into the run's TEMP tables;
    the elementary intervals (one row per op boundary) live only while their host is processed; the
    per-op relation ``op_steps`` is appended into a table of a scratch database file, whose blocks DuckDB
-   evicts to disk under its memory limit, so the reduce-side queries over it (top ops, collectives,
-   the findings' evidence SQL) run in bounded memory.
+   evicts to disk under its memory limit, so the reduce-side queries over it (the findings' evidence
+   SQL) run in bounded memory; the readers whose result is a sum over hosts (top ops, collectives,
+   infeed) take partial aggregates from each batch's op rows instead (a hook, ``on_batch``).
 
 The relations returned have the same names, columns and rows as ``materialize_run``'s (row order aside).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from string import Template
 from typing import Any
 
@@ -83,10 +85,26 @@ def _append(con: duckdb.DuckDBPyConnection, table: str, select: str, first: bool
         con.execute(f"INSERT INTO {table} {select}")
 
 
+# The reduce-side hook: called with each batch's op rows (a relation with op_steps' columns).
+BatchHook = Callable[[duckdb.DuckDBPyConnection, str], None]
+
+
+def _op_steps_with_hook(con: duckdb.DuckDBPyConnection, op_steps: str, text: str,
+                        on_batch: BatchHook) -> None:
+    """Append the batch's op rows to the run's ``op_steps`` and hand them to ``on_batch``: the rows
+    from the row count before on (an append-only table numbers its rows in order, and a rowid filter
+    reads only the row groups holding them), so the partial aggregates read the batch, not the run."""
+    before = int(con.execute(f"SELECT count(*) FROM {op_steps}").fetchone()[0])
+    con.execute(f"INSERT INTO {op_steps} {text}")
+    on_batch(con, f"(SELECT * FROM {op_steps} WHERE rowid >= {before})")
+
+
 def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
-                         batches: list[tuple[str, str]], prefix: str = "ta_") -> dict[str, str]:
+                         batches: list[tuple[str, str]], prefix: str = "ta_",
+                         on_batch: BatchHook | None = None) -> dict[str, str]:
     """Create the run's relations batch of hosts by batch (module docstring); return stage name ->
-    relation name.
+    relation name. ``on_batch``, when given, is called with each batch's op rows once they are made
+    (the reduce side's partial aggregates, analyzer/batch_reduce.py).
     The connection must have the scratch database attached as ``ta_scratch``."""
     stages = dict(load_stages())
     run_filter = f"run_id = {int(run_id)}"
@@ -150,7 +168,10 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         try:
             if i == 0:  # (empty first: CREATE TABLE AS with the ASOF join plans far slower than INSERT)
                 con.execute(f"CREATE OR REPLACE TABLE {op_steps} AS SELECT * FROM ({text}) LIMIT 0")
-            con.execute(f"INSERT INTO {op_steps} {text}")
+            if on_batch is None:
+                con.execute(f"INSERT INTO {op_steps} {text}")
+            else:
+                _op_steps_with_hook(con, op_steps, text, on_batch)
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage op_steps failed: {exc}") from exc
     for name in stages:
