@@ -242,8 +242,13 @@ def f32_gradient_allreduce(c: Ctx) -> list[dict]:  # catalog §3.4
     f32 whose exposed time is > 6% of the step."""
     th = c.t["f32_gradient_allreduce"]
     sql = (f"WITH {_collective_ops_cte(c, GRADIENT_KINDS)},\n{c.train_steps_cte()},\n"
+           # the kind's most frequent dtype, a tie going to the other dtype (mode() picks either at random)
+           f"dtypes AS (SELECT kind, dtype, count(*) AS n FROM ops WHERE short_name NOT LIKE '%-done%'\n"
+           f"           AND dtype IS NOT NULL GROUP BY kind, dtype),\n"
            f"f32 AS (SELECT kind, sum(payload) AS payload FROM ops WHERE short_name NOT LIKE '%-done%'\n"
-           f"        GROUP BY kind HAVING mode(dtype) = 'f32'),\n"
+           f"        AND kind IN (SELECT kind FROM dtypes GROUP BY kind\n"
+           f"                     HAVING first(dtype ORDER BY n DESC, dtype = 'f32', dtype) = 'f32')\n"
+           f"        GROUP BY kind),\n"
            f"exposed AS (SELECT sum(t.exposed_ps) AS ps FROM collective_time t JOIN step_breakdown s\n"
            f"              ON s.run_id = t.run_id AND s.host = t.host AND s.device_ordinal = "
            f"t.device_ordinal\n"
