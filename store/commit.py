@@ -241,14 +241,14 @@ def _insert_parts(
     """One ``INSERT ... SELECT FROM read_parquet([...])`` per table over all hosts of the run
     (hosts in discovery order), or, for the dataset's event tables, the parts moved into place."""
     for table in HOST_TABLES:
-        files = [p.files[table] for p in run.parts if p.files.get(table)]
+        files = [file for p in run.parts for file in p.files.get(table, [])]
         if not files:
             continue
         if parquet is not None and table in EVENT_TABLES:
             assert moves is not None
             for part in run.parts:
                 if part.files.get(table):
-                    folder = Path(part.files[table]).parent
+                    folder = Path(part.files[table][0]).parent
                     target = parquet / table / f"run_id={run_id}" / f"host={partition_value(part.host)}"
                     moves.move(folder, target)
             continue

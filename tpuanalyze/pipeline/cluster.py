@@ -76,11 +76,13 @@ def load_host_shipped(task: LoadTask) -> ShippedParts:
         loaded = load_host(dataclasses.replace(task, staging=scratch))
         blobs: dict[str, bytes] = {}
         if loaded.parts is not None:
-            for table, path in loaded.parts.files.items():
-                if path:
+            for table, paths in loaded.parts.files.items():
+                targets = []
+                for path in paths:
                     target = str(Path(task.staging) / Path(path).relative_to(scratch))
                     blobs[target] = Path(path).read_bytes()
-                    loaded.parts.files[table] = target
+                    targets.append(target)
+                loaded.parts.files[table] = targets
         return ShippedParts(loaded, blobs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
