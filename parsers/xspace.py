@@ -617,10 +617,12 @@ class XSpaceReader:
         mode = decoder_mode()
         wanted = mode == "compiled" or mode == "auto" and self.num_events >= COMPILED_MIN_EVENTS
         self._jit = compiled_decoder() if wanted else None
+        self._last_metadata: tuple[tuple[Any, ...], Columns] | None = None
 
     def release(self) -> None:
         """Forget the plane ranges once streamed."""
         self._ranges = None
+        self._last_metadata = None
 
     def planes(self) -> Iterator[PlaneData]:
         if self._ranges is None:
@@ -653,12 +655,7 @@ class XSpaceReader:
             if row[2] == "XLA Modules" and row[-1]:
                 for starts, ends in read.event_ranges(line_index, CHUNK_EVENTS, self._jit):
                     module_ids.update(np.unique(self._decode_chunk(buf, starts, ends)[0]).tolist())
-        starts, ends = read.metadata_ranges
-        metadata = decode_metadata(
-            buf, starts, ends, key_order(plane), stat_names, module_ids, _MODULE_PROGRAM_ID
-        )
-        if metadata is None:  # a shape only the upb reading gets exactly right
-            metadata = self._metadata(plane, stat_names, module_ids)
+        metadata = self._plane_metadata(read, stat_names, module_ids)
         info = PlaneInfo(
             plane_index=plane_index,
             plane_id=plane.id,
@@ -678,6 +675,30 @@ class XSpaceReader:
             metadata=metadata,
             batches=self._batches(read, stat_names),
         )
+
+    def _plane_metadata(self, read: _Plane, stat_names: dict[int, str], module_ids: set[int]) -> Columns:
+        """The plane's event-metadata columns; the previous plane's when both planes' metadata are
+        the same bytes under the same stat names and modules (the cores of a host run one program:
+        their tables are usually identical, and decoded once)."""
+        plane = read.message
+        starts, ends = read.metadata_ranges
+        order = key_order(plane)
+        blob = read.blob
+        key = (
+            b"".join([blob[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]),
+            tuple(order),
+            frozenset(module_ids),
+            tuple(sorted(stat_names.items())),
+        )
+        if self._last_metadata is not None and self._last_metadata[0] == key:
+            return self._last_metadata[1]
+        metadata = decode_metadata(
+            read.buffer, starts, ends, order, stat_names, module_ids, _MODULE_PROGRAM_ID
+        )
+        if metadata is None:  # a shape only the upb reading gets exactly right
+            metadata = self._metadata(plane, stat_names, module_ids)
+        self._last_metadata = (key, metadata)
+        return metadata
 
     def _metadata(self, plane: Any, stat_names: dict[int, str], module_ids: set[int]) -> Columns:
         """Event metadata of a plane; ``hlo_module`` filled for XLA modules and their ops.

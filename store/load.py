@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 import duckdb
 import numpy as np
 from tpuanalyze.parsers.staging import (
+    CHUNK_EVENTS,
     STAT_DOUBLE,
     STAT_INT,
     STAT_JSON,
@@ -182,6 +184,9 @@ def _stats_json(con: duckdb.DuckDBPyConnection, stats: Columns) -> tuple[np.ndar
     order = np.argsort(owner, kind="stable")  # seq (trace order) is kept within an event
     stats = {name: values[order] for name, values in stats.items()}
     owner = stats["owner"]
+    plain = _plain_stats_json(stats)
+    if plain is not None:
+        return plain
     owners: list[np.ndarray] = []
     texts: list[np.ndarray] = []
     start, n = 0, len(owner)
@@ -197,6 +202,46 @@ def _stats_json(con: duckdb.DuckDBPyConnection, stats: Columns) -> tuple[np.ndar
         texts.append(np.asarray(np.ma.getdata(result["stats"]), dtype=object))
         start = end
     return np.concatenate(owners), np.concatenate(texts)
+
+
+# Text that DuckDB's to_json writes as is between quotes (printable ASCII but quote and backslash).
+_PLAIN_TEXT = re.compile(r'[ !#-\[\]-~]*')
+
+
+def _plain_stats_json(stats: Columns) -> tuple[np.ndarray, np.ndarray] | None:
+    """``_EVENT_STATS_JSON``'s result without SQL, for stats (sorted by owner, trace order kept)
+    that are integers or plain text under plain names, whose JSON is their decimal digits or
+    their quoted text (a pod host's ``run_id`` / ``all_reduce_unique_id`` / ``device_ordinal``);
+    None for anything else (doubles, escapes, JSON values), which SQL writes."""
+    kind = stats["kind"]
+    is_int, is_uint, is_text = kind == STAT_INT, kind == STAT_UINT, kind == STAT_TEXT
+    if not (is_int | is_uint | is_text).all():
+        return None
+    match = _PLAIN_TEXT.fullmatch
+    names, codes = np.unique(stats["key"].astype(object), return_inverse=True)
+    keys = []
+    for name in list(names):
+        if not isinstance(name, str) or not match(name):
+            return None
+        keys.append(f'"{name}":')
+    values = np.empty(len(kind), dtype=object)
+    for mask, numbers in ((is_int, stats["i64"]), (is_uint, stats["u64"])):
+        rows = np.flatnonzero(mask)
+        if len(rows):
+            values[rows] = [str(v) for v in numbers[rows].tolist()]
+    rows = np.flatnonzero(is_text)
+    if len(rows):
+        texts = stats["text"][rows].tolist()
+        if not all(isinstance(t, str) and match(t) for t in texts):
+            return None
+        values[rows] = [f'"{t}"' for t in texts]
+    pieces = (np.array(keys, dtype=object)[np.asarray(codes).reshape(-1)] + values).tolist()
+    owner = stats["owner"]
+    bounds = (np.flatnonzero(np.diff(owner)) + 1).tolist()
+    starts, stops = [0, *bounds], [*bounds, len(owner)]
+    texts = np.empty(len(starts), dtype=object)
+    texts[:] = ["{" + ",".join(pieces[a:b]) + "}" for a, b in zip(starts, stops, strict=True)]
+    return owner[starts].astype(np.int64), texts
 
 
 def _converted(target: str, stats: Columns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -326,18 +371,20 @@ class RunCounts:
 
 
 _DONE = object()
+PREFETCH_MIN_EVENTS = 2 * CHUNK_EVENTS
 
 
 def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData, Iterator[EventBatch]]]:
     """The reader's planes, each with its batches decoded in a background thread while DuckDB
     inserts (numpy and DuckDB release the GIL in their kernels, so the two overlap).
 
-    A plane without events gets no thread: handing planes between threads cost ~0.5 ms each
-    (GIL switches), which made a file of many empty planes slow. Reader errors are re-raised
-    here, in the caller's thread.
+    A plane of fewer than ``PREFETCH_MIN_EVENTS`` events gets no thread: handing planes between
+    threads cost ~0.5 ms each (GIL switches), which made a file of many empty planes slow, and with
+    a batch or two there is nothing to overlap (a pod host's ~2K-event planes cost 10% more CPU
+    with the thread). Reader errors are re-raised here, in the caller's thread.
     """
     for plane in reader.planes():
-        if not plane.info.num_events:
+        if plane.info.num_events < PREFETCH_MIN_EVENTS:
             yield plane, plane.batches
         else:
             yield plane, _decoded_ahead(plane.batches, depth)
@@ -390,9 +437,11 @@ class _Parts:
         params: dict[str, Any],
         dropped: tuple[str, ...],
         flush_rows: int,
+        compression: str,
     ) -> None:
-        self.con, self.folder, self.params = con, folder, params
+        self.con, self.folder, self.compression = con, folder, compression
         self.select = part_select(table, dropped)
+        self.params = {k: v for k, v in params.items() if f"${k}" in self.select}  # hive parts: no $host
         self.flush_rows = flush_rows
         self.pending: list[Columns] = []
         self.rows = 0
@@ -415,7 +464,7 @@ class _Parts:
         self.folder.mkdir(parents=True, exist_ok=True)
         target = self.folder / f"part-{len(self.files):05d}.parquet"
         path = str(target).replace("'", "''")
-        sql = f"COPY ({self.select}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)"
+        sql = f"COPY ({self.select}) TO '{path}' (FORMAT parquet, COMPRESSION {self.compression})"
         _run_with(self.con, sql, self.params, rows=rows)
         self.files.append(str(target))
 
@@ -470,15 +519,17 @@ def write_host_tables(
     reader: HostReader,
     folders: dict[str, Path],
     dropped: dict[str, tuple[str, ...]],
+    compression: str = "zstd",
 ) -> HostLoad:
     """Write the host's rows of each table as Parquet parts in ``folders[table]`` (leaving out the
-    columns ``dropped[table]``), event times shifted from the host's t0 to ``run_t0_ns``."""
+    columns ``dropped[table]``, compressed with ``compression``), event times shifted from the
+    host's t0 to ``run_t0_ns``."""
     shift_ps = ((reader.t0_ns or 0) - (run_t0_ns or 0)) * 1000
     host = {"host": reader.host}
     parts = {
         table: (_Details if table == "event_details" else _Parts)(
             con, table, folders[table], {**host, "shift_ps": shift_ps} if table == "event_rows" else host,
-            dropped[table], FLUSH_EVENTS if table in EVENT_PART_TABLES else FLUSH_PLANE_ROWS,
+            dropped[table], FLUSH_EVENTS if table in EVENT_PART_TABLES else FLUSH_PLANE_ROWS, compression,
         )
         for table in folders
     }

@@ -203,20 +203,25 @@ def test_ingest_progress_shows_hosts_events_per_second_and_eta_on_a_terminal(
     assert "\x1b[" in output
 
 
-def test_hosts_loaded_through_a_scratch_file_give_the_same_rows(
+def test_hosts_written_in_many_parts_give_the_same_rows(
     pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Large host files load through a scratch DuckDB file (bounded memory), small ones in memory:
-    the rows are the same either way."""
-    from tpuanalyze.store import parts
+    """A host's rows gathered across planes are written in parts of a bounded size (the memory of a
+    large host): cut into many small parts, the rows, their order included, are the same."""
+    from tpuanalyze.store import load
 
-    in_memory = tmp_path / "memory.duckdb"
-    ingest_paths([pod], in_memory, workers=1)
-    monkeypatch.setattr(parts, "IN_MEMORY_BYTES", 0)
-    through_file = tmp_path / "file.duckdb"
-    ingest_paths([pod], through_file, workers=1)
-    for relation in ("events", "planes", "lines", "event_metadata"):
-        assert _relation(through_file, relation) == _relation(in_memory, relation), relation
+    one_part = tmp_path / "one.duckdb"
+    ingest_paths([pod], one_part, workers=1)
+    monkeypatch.setattr(load, "FLUSH_EVENTS", 1000)
+    monkeypatch.setattr(load, "FLUSH_PLANE_ROWS", 7)
+    many_parts = tmp_path / "many.duckdb"
+    ingest_paths([pod], many_parts, workers=1)
+    for relation in ("events", "planes", "lines", "event_metadata", "event_details"):
+        assert _relation(many_parts, relation) == _relation(one_part, relation), relation
+    order = "SELECT host, plane_index, event_index FROM event_rows"  # stored order: no ORDER BY
+    with duckdb.connect(str(many_parts), read_only=True) as many:
+        with duckdb.connect(str(one_part), read_only=True) as one:
+            assert many.execute(order).fetchall() == one.execute(order).fetchall()
 
 
 def test_a_busy_database_at_the_glance_still_gets_its_parts_in_its_dataset(

@@ -73,7 +73,7 @@ def load_host_shipped(task: LoadTask) -> ShippedParts:
     bytes (the scratch folder is removed)."""
     scratch = tempfile.mkdtemp(prefix="tpuanalyze-parts-")
     try:
-        loaded = load_host(dataclasses.replace(task, staging=scratch))
+        loaded = load_host(dataclasses.replace(task, staging=scratch, compact=True))
         blobs: dict[str, bytes] = {}
         if loaded.parts is not None:
             for table, paths in loaded.parts.files.items():
