@@ -462,7 +462,7 @@ class _Parts:
         rows = self._rows(_concat(self.pending) if len(self.pending) > 1 else self.pending[0])
         self.pending, self.rows = [], 0
         self.folder.mkdir(parents=True, exist_ok=True)
-        target = self.folder / f"part-{len(self.files):05d}.parquet"
+        target = self.folder / f"part-{len(self.files)}.parquet"  # part-0: the layout docs/schema.md shows
         path = str(target).replace("'", "''")
         sql = f"COPY ({self.select}) TO '{path}' (FORMAT parquet, COMPRESSION {self.compression})"
         _run_with(self.con, sql, self.params, rows=rows)
