@@ -19,7 +19,7 @@ Usage (from the project root)::
     python benchmarks/bench_pipeline.py             # 64 and 256 hosts -> results/bench_pipeline.md
     python benchmarks/bench_pipeline.py --hosts 16 --no-write
     python benchmarks/bench_pipeline.py --ingest-only --hosts 64   # -> results/bench_pipeline_ingest.md
-    python benchmarks/bench_pipeline.py --ingest-only --hosts 64 --file-events 2000000 --workers 1
+    python benchmarks/bench_pipeline.py --ingest-only --hosts 64 --pod-chips 4096 --file-events 2000000
 """
 
 from __future__ import annotations
@@ -121,13 +121,14 @@ def large_file(events: int, root: Path) -> tuple[Path, int]:
     return out, out.stat().st_size
 
 
-def generate(hosts: int, root: Path) -> tuple[Path, int]:
-    """A ResNet-50 pod of ``hosts`` hosts (4 chips each, all written); (run folder, events)."""
-    out = root / f"pod{hosts}"
+def generate(hosts: int, root: Path, pod_chips: int = 0) -> tuple[Path, int]:
+    """A ResNet-50 pod of ``hosts`` hosts (4 chips each, all written; or the first ``hosts`` hosts
+    of a ``pod_chips``-chip pod); (run folder, bytes)."""
+    out = root / (f"pod{hosts}" if not pod_chips else f"pod{hosts}of{pod_chips}")
+    chips = ["--chips", str(hosts * 4)] if not pod_chips else ["--chips", str(pod_chips), "--hosts", str(hosts)]
     if not out.exists():
-        subprocess.run([sys.executable, "-m", "tpuanalyze.cli", "generate", "--model", "resnet50",
-                        "--chips", str(hosts * 4), "--out", str(out)], check=True, capture_output=True,
-                       cwd=root)
+        subprocess.run([sys.executable, "-m", "tpuanalyze.cli", "generate", "--model", "resnet50", *chips,
+                        "--out", str(out)], check=True, capture_output=True, cwd=root)
     run = next((out / "plugins" / "profile").iterdir())
     return run, sum(p.stat().st_size for p in run.glob("*.xplane.pb"))
 
@@ -164,6 +165,8 @@ def main() -> None:
                         help="time `tpuanalyze ingest DIR --db FILE` instead of `report DIR`")
     parser.add_argument("--file-events", type=int, default=0,
                         help="also one single-host file of at least this many events (make_large_xspace.py)")
+    parser.add_argument("--pod-chips", type=int, default=0,
+                        help="generate the first HOSTS hosts of a pod of this many chips (default: 4 chips a host)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2],
                         help="worker counts of this tree's contenders (default 1 2)")
     parser.add_argument("--repeat", type=int, default=1,
@@ -175,7 +178,8 @@ def main() -> None:
     head = snapshot_commit(args.commit, args.work / "tree")  # committed code, whatever the work tree holds
     tree_env = {**os.environ, "PYTHONPATH": str(args.work / "tree" / "pkg")}
     rows: list[tuple[str, int, int, list[Measured], list[str]]] = []
-    inputs = [(f"{hosts} hosts", *generate(hosts, args.work)) for hosts in args.hosts]
+    inputs = [(f"{hosts} hosts" + (f" of {args.pod_chips} chips" if args.pod_chips else ""),
+               *generate(hosts, args.work, args.pod_chips)) for hosts in args.hosts]
     if args.file_events:
         inputs.append(("1 file", *large_file(args.file_events, args.work)))
     for name, run, size in inputs:
