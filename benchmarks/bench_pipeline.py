@@ -125,7 +125,7 @@ def generate(hosts: int, root: Path, pod_chips: int = 0) -> tuple[Path, int]:
     """A ResNet-50 pod of ``hosts`` hosts (4 chips each, all written; or the first ``hosts`` hosts
     of a ``pod_chips``-chip pod); (run folder, bytes)."""
     out = root / (f"pod{hosts}" if not pod_chips else f"pod{hosts}of{pod_chips}")
-    chips = ["--chips", str(hosts * 4)] if not pod_chips else ["--chips", str(pod_chips), "--hosts", str(hosts)]
+    chips = ["--chips", str(pod_chips), "--hosts", str(hosts)] if pod_chips else ["--chips", str(hosts * 4)]
     if not out.exists():
         subprocess.run([sys.executable, "-m", "tpuanalyze.cli", "generate", "--model", "resnet50", *chips,
                         "--out", str(out)], check=True, capture_output=True, cwd=root)
@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--file-events", type=int, default=0,
                         help="also one single-host file of at least this many events (make_large_xspace.py)")
     parser.add_argument("--pod-chips", type=int, default=0,
-                        help="generate the first HOSTS hosts of a pod of this many chips (default: 4 chips a host)")
+                        help="the first HOSTS hosts of a pod of this many chips (default: 4 chips a host)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2],
                         help="worker counts of this tree's contenders (default 1 2)")
     parser.add_argument("--repeat", type=int, default=1,
