@@ -464,7 +464,8 @@ class _Parts:
         self.folder.mkdir(parents=True, exist_ok=True)
         target = self.folder / f"part-{len(self.files)}.parquet"  # part-0: the layout docs/schema.md shows
         path = str(target).replace("'", "''")
-        sql = f"COPY ({self.select}) TO '{path}' (FORMAT parquet, COMPRESSION {self.compression})"
+        sql = (f"COPY ({self.select}) TO '{path}' "
+               f"(FORMAT parquet, COMPRESSION {self.compression}, ROW_GROUP_SIZE {PART_ROW_GROUP})")
         _run_with(self.con, sql, self.params, rows=rows)
         self.files.append(str(target))
 
@@ -510,6 +511,10 @@ class HostLoad:
 # load's memory: events and details ~70 bytes a row, plane tables more (HLO text names).
 FLUSH_EVENTS = 131_072
 FLUSH_PLANE_ROWS = 16_384
+# Rows per Parquet row group of a part: DuckDB builds a row group in its buffer before writing it,
+# and with the 16 MB load buffer its default (122,880 rows of event_rows) wrote 3.8x slower than
+# 32,768 (1.4 vs 0.37 CPU us a row, same peak RSS).
+PART_ROW_GROUP = 32_768
 EVENT_PART_TABLES = ("event_rows", "event_details")
 
 
