@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -115,25 +116,27 @@ def _write_parts(
     )
 
 
-_connections: dict[int, duckdb.DuckDBPyConnection] = {}
+_connections: dict[tuple[int, int], duckdb.DuckDBPyConnection] = {}
 
 
 def _connection() -> duckdb.DuckDBPyConnection:
-    """This process's in-memory DuckDB for writing parts (it holds no table): opened once per
-    process, not per host (~25 ms of CPU each, a tenth of a pod host's load); a forked worker
-    opens its own."""
-    con = _connections.get(os.getpid())
+    """This thread's in-memory DuckDB for writing parts (it holds no table): opened once per
+    process and thread, not per host (~25 ms of CPU each, a tenth of a pod host's load). By thread:
+    a Dask worker runs several tasks at once in threads of one process, and a DuckDB connection
+    runs one statement at a time; a forked worker opens its own."""
+    key = (os.getpid(), threading.get_ident())
+    con = _connections.get(key)
     if con is None:
         con = duckdb.connect(":memory:")
         con.execute("SET enable_progress_bar = false")
         con.execute("SET threads = 1")  # one worker = one core; the pool provides the parallelism
         con.execute("SET preserve_insertion_order = true")
-        _connections[os.getpid()] = con
+        _connections[key] = con
     return con
 
 
 def _forget_connection() -> None:
-    con = _connections.pop(os.getpid(), None)
+    con = _connections.pop((os.getpid(), threading.get_ident()), None)
     if con is not None:
         try:
             con.close()

@@ -239,3 +239,28 @@ def test_a_busy_database_at_the_glance_still_gets_its_parts_in_its_dataset(
     summary = ingest_paths([pod], layered, workers=1)
     assert _relation(layered, "events") == _relation(plain, "events")
     assert (dataset / "event_rows" / f"run_id={summary.run_ids[0]}").is_dir()
+
+
+def test_hosts_written_from_threads_at_once_give_the_same_parts(pod: Path, tmp_path: Path) -> None:
+    """A Dask worker runs tasks in threads of one process: each thread writes through its own DuckDB
+    connection, so hosts loaded at once give the parts they give one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tpuanalyze.parsers.xspace import XSpaceReader
+    from tpuanalyze.store.parts import write_host_parts
+
+    files = sorted(pod.glob("*.xplane.pb"))
+    assert len(files) >= 2
+
+    def write(args: tuple[Path, Path]) -> dict[str, list]:
+        path, staging = args
+        reader = XSpaceReader(path)
+        parts = write_host_parts(reader, reader.t0_ns, staging, False)
+        with duckdb.connect() as con:
+            return {table: con.execute(f"SELECT * FROM read_parquet({[str(f) for f in fs]})").fetchall()
+                    for table, fs in parts.files.items()}
+
+    one_by_one = [write((f, tmp_path / "serial")) for f in files]
+    with ThreadPoolExecutor(max_workers=len(files)) as pool:
+        at_once = list(pool.map(write, [(f, tmp_path / f"threads-{i}") for i, f in enumerate(files)]))
+    assert at_once == one_by_one
