@@ -20,8 +20,9 @@ import duckdb
 import pandas as pd
 from tpuanalyze.analyzer import attribution
 from tpuanalyze.analyzer.attribution import materialize_run
+from tpuanalyze.analyzer.batch_reduce import BatchReduce
 from tpuanalyze.analyzer.capture_health import capture_warnings
-from tpuanalyze.analyzer.collectives import collectives_frame
+from tpuanalyze.analyzer.collectives import CollectivePartials, collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.findings import evaluate_findings
 from tpuanalyze.analyzer.identity import run_identity
@@ -207,7 +208,9 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
     """Attribute one run's step time and evaluate the catalog rules. Works on read-only connections
     (intermediate relations are TEMP tables ``ta_*`` of this connection). A run larger than one batch
     of hosts is attributed batch by batch (analyzer/per_host.py), its per-op relation in a scratch
-    database deleted afterwards, DuckDB's memory capped meanwhile (analyzer/resources.py)."""
+    database deleted afterwards, DuckDB's memory capped meanwhile (analyzer/resources.py); the top
+    ops, collectives and infeed are then combined from each batch's partial aggregates
+    (analyzer/batch_reduce.py)."""
     config = load_thresholds(thresholds)
     run = _run_row(con, run_id)
     progress = con.execute("SELECT current_setting('enable_progress_bar')").fetchall()[0][0]
@@ -218,19 +221,22 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
             rel = materialize_run(con, run_id, config)
             return _analyze(con, run_id, run, config, rel)
         with scratch_database(con, largest_batch_events(con, run_id)):
-            rel = materialize_per_host(con, run_id, config, batches)
-            return _analyze(con, run_id, run, config, rel)
+            reduce = BatchReduce(run_id)
+            rel = materialize_per_host(con, run_id, config, batches, on_batch=reduce.add_batch)
+            rel.update(reduce.relations())
+            return _analyze(con, run_id, run, config, rel, reduce.collectives)
     finally:
         con.execute(f"SET enable_progress_bar = {'true' if progress else 'false'}")
 
 
 def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], config: dict[str, Any],
-             rel: dict[str, str]) -> RunAnalysis:
-
+             rel: dict[str, str], collective_partials: CollectivePartials | None = None) -> RunAnalysis:
+    """The run's analysis from its attribution relations (``rel``: stage -> relation, plus the
+    partial aggregates of a run attributed batch by batch, analyzer/batch_reduce.py)."""
     steps = steps_frame(con, rel)
     per_core = per_core_frame(con, rel)
     per_host = per_host_frame(con, rel)
-    collectives = collectives_frame(con, rel)
+    collectives = collectives_frame(con, rel, collective_partials)
     inputs = input_frame(con, rel)
     ops = ops_frame(con, run_id, rel)
     peaks = device_peaks(con, run_id, run.get("device_type"))

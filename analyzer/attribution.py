@@ -37,10 +37,19 @@ def load_stages() -> list[tuple[str, str]]:
 
 STAGE_NAMES = [name for name, _ in load_stages()]
 LAZY_STAGES = {"op_steps"}
+# att_runs' flags, placeholders $<flag> of the later stages
+RUN_FLAGS = ("has_device_planes", "has_steps_line", "has_modules_line", "has_group_ids", "is_kineto")
+
+
+def run_flags(con: duckdb.DuckDBPyConnection, att_runs: str) -> dict[str, bool] | None:
+    """The flags of the one run in the relation ``att_runs`` (None unless it holds exactly one row)."""
+    rows = con.execute(f"SELECT {', '.join(RUN_FLAGS)} FROM {att_runs}").fetchall()
+    return dict(zip(RUN_FLAGS, (bool(v) for v in rows[0]), strict=True)) if len(rows) == 1 else None
 
 
 def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, str],
-                   hosts: tuple[str, str] | None = None) -> dict[str, str]:
+                   hosts: tuple[str, str] | None = None,
+                   flags: dict[str, bool] | None = None) -> dict[str, str]:
     pats = config["patterns"]
     warm = config["warmup"]
     subs = {
@@ -66,6 +75,9 @@ def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, 
                                  f"{alias}.host BETWEEN {sql_literal(hosts[0])} AND {sql_literal(hosts[1])}")
     if "att_programs" in relation:
         subs.setdefault("att_programs_run", relation["att_programs"])
+    # a known flag is a literal (its branches fold away); else the joined att_runs row's column
+    for flag in RUN_FLAGS:
+        subs[flag] = f"r.{flag}" if flags is None else ("TRUE" if flags[flag] else "FALSE")
     return subs
 
 
@@ -73,10 +85,12 @@ def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[st
                     prefix: str = "ta_") -> dict[str, str]:
     """Create TEMP tables ``<prefix><stage>`` for one run; return stage name -> table name."""
     relation: dict[str, str] = {}
+    flags: dict[str, bool] | None = None
     for name, body in load_stages():
         table = f"{prefix}{name}"
         # e.run_id in joins is qualified by the USING clause; a bare run_id predicate is unambiguous
-        sql = Template(body).safe_substitute(_substitutions(config, f"run_id = {int(run_id)}", relation))
+        subs = _substitutions(config, f"run_id = {int(run_id)}", relation, flags=flags)
+        sql = Template(body).safe_substitute(subs)
         # op_steps is one row per op: a view (filters push into it) rather than a copy of every op
         kind = "VIEW" if name in LAZY_STAGES else "TABLE"
         try:
@@ -84,6 +98,8 @@ def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[st
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage {name} failed: {exc}") from exc
         relation[name] = table
+        if name == "att_runs":
+            flags = run_flags(con, table)
     return relation
 
 

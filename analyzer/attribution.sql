@@ -6,30 +6,63 @@
 -- run_id), $<stage> (the relation name of an earlier stage), $op_category / $collective_kind (SQL
 -- expressions from analyzer/classify.py), $pat_* (regex literals from analyzer/thresholds.toml),
 -- $e_host / $l_host (TRUE, or a predicate on a batch of hosts' events e / l when the stages run batch by batch)
--- and $att_programs_run (the run's program executions, all hosts: the dominant program is the run's).
+-- $att_programs_run (the run's program executions, all hosts: the dominant program is the run's) and
+-- $has_device_planes ... $is_kineto (att_runs' flags: the column r.<flag> of the joined att_runs row, or
+-- the literal TRUE/FALSE when the stages run for one run whose flags are known, so that DuckDB's
+-- optimizer drops the branches that cannot apply before they scan any event).
 -- Documented in docs/attribution.md.
 
 -- stage: att_runs
 -- One row per run: does it have accelerator (TPU/GPU) op events? If not, the run is "host-only" and
 -- XLA CPU ops (host thread events carrying an hlo_op stat) stand in for device ops.
+-- The flags are facts about which lines hold events: read from the small planes/lines tables and the
+-- narrow event_rows (an event of the `events` view is an event_rows row of a stored line and plane),
+-- never through the view's metadata and detail joins over every event of the run.
+WITH flag_lines AS (
+    SELECT l.run_id, l.host, l.plane_index, l.line_index,
+           l.name = 'Steps' AND p.name LIKE '/device:%' AS steps_line,
+           l.name = 'XLA Modules' AND p.name LIKE '/device:%' AS modules_line,
+           (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
+             AND (l.name = 'XLA Ops' OR l.name LIKE 'Stream #%') AS op_line
+    FROM lines l JOIN planes p USING (run_id, host, plane_index)
+    WHERE $run_filter AND $l_host AND p.name LIKE '/device:%'
+), flagged AS (
+    SELECT * FROM flag_lines WHERE steps_line OR modules_line OR op_line
+), line_events AS (
+    -- the flagged lines that hold at least one event, with whether one of their events has a group_id
+    -- of its own (with a duration)
+    SELECT f.run_id, f.host, f.plane_index, f.line_index, any_value(f.steps_line) AS steps_line,
+           any_value(f.modules_line) AS modules_line, any_value(f.op_line) AS op_line,
+           bool_or(e.group_id IS NOT NULL AND e.duration_ps > 0) AS own_group
+    FROM event_rows e JOIN flagged f USING (run_id, host, plane_index, line_index)
+    WHERE $e_host
+    GROUP BY ALL
+), metadata_groups AS (
+    -- device op events whose group_id comes from their metadata (event_metadata.group_id)
+    SELECT DISTINCT e.run_id
+    FROM (SELECT * FROM event_metadata m WHERE $run_filter AND m.group_id IS NOT NULL) m
+    JOIN event_rows e USING (run_id, host, plane_index, metadata_id)
+    JOIN flagged f USING (run_id, host, plane_index, line_index)
+    WHERE $e_host AND f.op_line AND e.duration_ps > 0
+), kineto AS (
+    -- Chrome-trace JSON from PyTorch/Kineto: GPU kernels and memcpys are events with a device
+    -- (the JSON stats are read only for chrome_json runs)
+    SELECT DISTINCT e.run_id
+    FROM events e JOIN (SELECT run_id FROM runs WHERE $run_filter AND source_format = 'chrome_json') k
+      USING (run_id)
+    WHERE $e_host AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
+)
 SELECT r.run_id,
        EXISTS (SELECT 1 FROM planes p
                WHERE p.run_id = r.run_id AND p.kind IN ('tpu', 'gpu') AND p.num_events > 0) AS has_device_planes,
-       EXISTS (SELECT 1 FROM events e
-               WHERE e.run_id = r.run_id AND $e_host AND e.line = 'Steps'
-                 AND (e.plane LIKE '/device:%')) AS has_steps_line,
-       EXISTS (SELECT 1 FROM events e
-               WHERE e.run_id = r.run_id AND $e_host AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%')
+       coalesce((SELECT bool_or(steps_line) FROM line_events x WHERE x.run_id = r.run_id), FALSE)
+           AS has_steps_line,
+       coalesce((SELECT bool_or(modules_line) FROM line_events x WHERE x.run_id = r.run_id), FALSE)
            AS has_modules_line,
        -- device ops grouped into steps by the profiler (group_id stat, e.g. TF GPU traces)
-       EXISTS (SELECT 1 FROM events e
-               WHERE e.run_id = r.run_id AND $e_host AND e.group_id IS NOT NULL AND e.duration_ps > 0
-                 AND (e.plane LIKE '/device:TPU:%' OR e.plane LIKE '/device:GPU:%')
-                 AND (e.line = 'XLA Ops' OR e.line LIKE 'Stream #%')) AS has_group_ids,
-       -- Chrome-trace JSON from PyTorch/Kineto: GPU kernels and memcpys are events with a device
-       r.source_format = 'chrome_json' AND EXISTS (
-           SELECT 1 FROM events e WHERE e.run_id = r.run_id AND $e_host
-             AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats) AS is_kineto
+       coalesce((SELECT bool_or(op_line AND own_group) FROM line_events x WHERE x.run_id = r.run_id), FALSE)
+           OR r.run_id IN (SELECT run_id FROM metadata_groups) AS has_group_ids,
+       r.run_id IN (SELECT run_id FROM kineto) AS is_kineto
 FROM runs r
 WHERE $run_filter;
 
@@ -44,7 +77,7 @@ WITH raw AS MATERIALIZED (
            e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE AS on_host, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND r.has_device_planes
+    WHERE $run_filter AND $e_host AND $has_device_planes
       AND (e.plane LIKE '/device:TPU:%' OR e.plane LIKE '/device:GPU:%')
       AND (e.line IN ('XLA Ops', 'Async XLA Ops') OR e.line LIKE 'Stream #%')
       AND e.duration_ps > 0
@@ -60,7 +93,7 @@ WITH raw AS MATERIALIZED (
            e.start_ps, e.duration_ps, e.group_id, e.step_num, TRUE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND NOT r.has_device_planes
+    WHERE $run_filter AND $e_host AND NOT $has_device_planes
       AND e.plane LIKE '/host:%'
       AND json_extract_string(e.stats, '$.hlo_op') IS NOT NULL
       AND e.duration_ps > 0
@@ -70,7 +103,7 @@ WITH raw AS MATERIALIZED (
            e.flops, e.bytes_accessed, e.start_ps, e.duration_ps, e.group_id, e.step_num, FALSE, e.correlation_id
     FROM events e
     JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND r.is_kineto
+    WHERE $run_filter AND $e_host AND $is_kineto
       AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
       AND e.duration_ps > 0
 ), combos AS (
@@ -113,13 +146,13 @@ WITH modules AS (
            coalesce(nullif(e.hlo_module, ''), e.name) AS program, e.program_id,
            e.start_ps, e.start_ps + e.duration_ps AS end_ps, 'xla_modules' AS source
     FROM events e JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
+    WHERE $run_filter AND $e_host AND $has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
       AND e.duration_ps > 0
 ), launched AS (
     SELECT o.run_id, o.host, o.device, o.hlo_module AS program, o.start_ps, o.duration_ps, l.start_ps AS launch_ps
     FROM $att_ops o JOIN $att_runs r USING (run_id)
     JOIN events l ON l.run_id = o.run_id AND l.host = o.host AND l.correlation_id = o.correlation_id
-    WHERE r.has_device_planes AND NOT r.has_modules_line AND NOT r.has_steps_line AND NOT r.has_group_ids
+    WHERE $has_device_planes AND NOT $has_modules_line AND NOT $has_steps_line AND NOT $has_group_ids
       AND $l_host AND o.hlo_module IS NOT NULL AND o.correlation_id IS NOT NULL AND l.plane LIKE '/host:%'
 ), dispatch AS (
     SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
@@ -159,13 +192,13 @@ WITH device_list AS (
            regexp_matches(lower(e.name), $pat_eval_program) AS named_eval, 'steps_line' AS step_source,
            CAST(NULL AS INTEGER) AS line_index, CAST(NULL AS VARCHAR) AS program
     FROM events e JOIN $att_runs r USING (run_id)
-    WHERE $run_filter AND $e_host AND r.has_device_planes AND e.line = 'Steps' AND e.plane LIKE '/device:%'
+    WHERE $run_filter AND $e_host AND $has_device_planes AND e.line = 'Steps' AND e.plane LIKE '/device:%'
       AND e.duration_ps > 0
 ), group_steps AS (
     SELECT o.run_id, o.host, o.device, o.group_id, min(o.start_ps), max(o.start_ps + o.duration_ps),
            FALSE, 'group_id', CAST(NULL AS INTEGER), CAST(NULL AS VARCHAR)
     FROM $att_ops o JOIN $att_runs r USING (run_id)
-    WHERE r.has_device_planes AND NOT r.has_steps_line AND r.has_group_ids AND o.group_id IS NOT NULL
+    WHERE $has_device_planes AND NOT $has_steps_line AND $has_group_ids AND o.group_id IS NOT NULL
       AND o.line <> 'Async XLA Ops'
     GROUP BY o.run_id, o.host, o.device, o.group_id
 ), dominant AS (
@@ -178,7 +211,7 @@ WITH device_list AS (
            row_number() OVER (PARTITION BY p.run_id, p.host, p.device ORDER BY p.start_ps) - 1,
            p.start_ps, p.end_ps, FALSE, p.source, CAST(NULL AS INTEGER), p.program
     FROM $att_programs p JOIN $att_runs r USING (run_id) JOIN dominant d USING (run_id, program)
-    WHERE NOT r.has_steps_line AND NOT r.has_group_ids
+    WHERE NOT $has_steps_line AND NOT $has_group_ids
 ), host_steps AS (
     -- StepTraceAnnotation (step_num stat); Kineto's "ProfilerStep#N" annotations
     SELECT e.run_id, e.host, d.device,
@@ -188,8 +221,8 @@ WITH device_list AS (
            CAST(NULL AS VARCHAR)
     FROM events e JOIN $att_runs r USING (run_id)
     JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
-    WHERE $run_filter AND $e_host AND NOT r.has_device_planes AND (e.plane LIKE '/host:%' OR r.is_kineto)
-      AND (e.step_num IS NOT NULL OR (r.is_kineto AND regexp_matches(e.name, '^ProfilerStep#\d+$')))
+    WHERE $run_filter AND $e_host AND NOT $has_device_planes AND (e.plane LIKE '/host:%' OR $is_kineto)
+      AND (e.step_num IS NOT NULL OR ($is_kineto AND regexp_matches(e.name, '^ProfilerStep#\d+$')))
       AND e.duration_ps > 0
       AND json_extract_string(e.stats, '$.hlo_op') IS NULL
       AND coalesce(json_extract_string(e.stats, '$.cat'), '') NOT IN $kineto_device_cats
@@ -253,13 +286,13 @@ SELECT run_id, host, device, start_ps, end_ps FROM $att_steps WHERE named_eval
 UNION ALL
 SELECT e.run_id, e.host, e.device_ordinal, e.start_ps, e.start_ps + e.duration_ps
 FROM events e JOIN $att_runs r USING (run_id)
-WHERE $run_filter AND $e_host AND r.has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
+WHERE $run_filter AND $e_host AND $has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
   AND regexp_matches(lower(e.name), $pat_eval_program) AND e.duration_ps > 0
 UNION ALL
 SELECT e.run_id, e.host, d.device, e.start_ps, e.start_ps + e.duration_ps
 FROM events e JOIN $att_runs r USING (run_id)
 JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
-WHERE $run_filter AND $e_host AND NOT r.has_device_planes AND e.plane LIKE '/host:%'
+WHERE $run_filter AND $e_host AND NOT $has_device_planes AND e.plane LIKE '/host:%'
   AND regexp_matches(lower(e.name), $pat_eval_annotation) AND e.duration_ps > 0;
 
 -- stage: att_input_spans
@@ -267,10 +300,12 @@ WHERE $run_filter AND $e_host AND NOT r.has_device_planes AND e.plane LIKE '/hos
 -- (PjitFunction / Execute on the annotating thread) is the host producing the batch = input wait.
 SELECT s.run_id, s.host, s.device, s.start_ps, least(s.end_ps, min(e.start_ps)) AS end_ps
 FROM $att_steps s
+JOIN $att_runs r ON r.run_id = s.run_id
 JOIN events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.line_index
              AND e.start_ps >= s.start_ps AND e.start_ps < s.end_ps
              AND regexp_matches(e.name, $pat_dispatch)
-WHERE s.step_source = 'step_annotation' AND NOT s.named_eval AND $e_host
+-- (step annotations are steps of host-only runs only: att_steps' host_steps)
+WHERE s.step_source = 'step_annotation' AND NOT s.named_eval AND $e_host AND NOT $has_device_planes
 GROUP BY s.run_id, s.host, s.device, s.start_ps, s.end_ps;
 
 -- stage: att_intervals
@@ -494,14 +529,38 @@ FROM per_kind WHERE kind IS NOT NULL
 GROUP BY ALL;
 
 -- stage: op_steps
--- Every attributed device op with the step it starts in (NULL outside steps) and that step's eval flag.
+-- Every attributed device op with the step it starts in (NULL outside steps) and that step's eval flag:
+-- the step with the latest start at or before the op's start, if the op starts before that step ends
+-- (what an ASOF join on the step start finds). Found by one window over the steps and the distinct op
+-- starts of each device, keyed by one integer per device (as att_elementary's sweep), then given to the
+-- ops by an equality join: an ASOF join would sort every op row with its payload and string keys.
+WITH ops AS (
+    SELECT *, hash(run_id::BIGINT, host, device::BIGINT) AS dev_key FROM $att_ops
+), steps AS (
+    SELECT row_number() OVER () AS step_index, hash(run_id::BIGINT, host, device_ordinal::BIGINT) AS dev_key,
+           start_ps, duration_ps, step_num, is_eval
+    FROM $step_breakdown WHERE device_ordinal IS NOT NULL
+), points AS (
+    -- a step's start sorts before an op starting at the same instant (the op is in that step)
+    SELECT dev_key, start_ps AS ts, 0 AS is_op, step_index FROM steps
+    UNION ALL
+    SELECT DISTINCT dev_key, start_ps, 1, CAST(NULL AS BIGINT) FROM ops
+), latest AS (
+    SELECT dev_key, ts,
+           last_value(step_index IGNORE NULLS) OVER (PARTITION BY dev_key ORDER BY ts, is_op
+                                                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS step_index
+    FROM points
+    QUALIFY is_op = 1
+), step_of AS (
+    SELECT k.dev_key, k.ts,
+           CASE WHEN k.ts < s.start_ps + s.duration_ps THEN s.step_num END AS step_num,
+           CASE WHEN k.ts < s.start_ps + s.duration_ps THEN s.start_ps END AS step_start,
+           CASE WHEN k.ts < s.start_ps + s.duration_ps THEN s.is_eval END AS step_is_eval
+    FROM latest k JOIN steps s USING (step_index)
+)
 SELECT o.run_id, o.host, o.device AS device_ordinal, o.short_name,
        o.name, o.category, o.collective_kind,
        o.hlo_category, o.hlo_module, o.tf_op, o.shape, o.flops, o.bytes_accessed, o.start_ps, o.duration_ps,
-       o.line, o.is_container,
-       CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.step_num END AS step_num,
-       CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.start_ps END AS step_start,
-       CASE WHEN o.start_ps < s.start_ps + s.duration_ps THEN s.is_eval END AS step_is_eval
-FROM $att_ops o
-ASOF LEFT JOIN $step_breakdown s
-    ON s.run_id = o.run_id AND s.host = o.host AND s.device_ordinal = o.device AND o.start_ps >= s.start_ps;
+       o.line, o.is_container, k.step_num, k.step_start, k.step_is_eval
+FROM ops o
+LEFT JOIN step_of k ON k.dev_key = o.dev_key AND k.ts = o.start_ps;

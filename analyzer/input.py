@@ -10,19 +10,24 @@ import pandas as pd
 from tpuanalyze.analyzer.classify import sql_literal
 
 
+def infeed_sql(op_rows: str) -> str:
+    """Input op time per device over ``op_rows`` (op_steps' columns): a sum per host and device, so the
+    sums of batches of hosts (analyzer/per_host.py) are the run's rows."""
+    return (f"SELECT host, device_ordinal, sum(duration_ps) AS infeed_ps FROM {op_rows} "
+            "WHERE category = 'input' AND step_start IS NOT NULL AND NOT step_is_eval GROUP BY ALL")
+
+
 def input_frame(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) -> pd.DataFrame:
     """host, device_ordinal, infeed_ms_per_step (input op time, or input wait on host-only traces),
-    exposed_input_ms_per_step (attributed input), train_steps."""
+    exposed_input_ms_per_step (attributed input), train_steps. ``rel['infeed_parts']``, when given, is
+    a table of ``infeed_sql``'s rows (appended batch by batch); else they come from ``rel['op_steps']``."""
+    infeed = (f"SELECT * FROM {rel['infeed_parts']}" if "infeed_parts" in rel
+              else infeed_sql(rel["op_steps"]))
     return con.execute(
         f"""WITH s AS (
                 SELECT host, device_ordinal, count(*) AS train_steps, sum(input_ps) AS exposed_ps
                 FROM {rel['step_breakdown']} WHERE NOT is_eval GROUP BY ALL
-            ), o AS (
-                SELECT host, device_ordinal, sum(duration_ps) AS infeed_ps
-                FROM {rel['op_steps']}
-                WHERE category = 'input' AND step_start IS NOT NULL AND NOT step_is_eval
-                GROUP BY ALL
-            )
+            ), o AS ({infeed})
             SELECT s.host, s.device_ordinal,
                    coalesce(o.infeed_ps, s.exposed_ps) / s.train_steps / 1e9 AS infeed_ms_per_step,
                    s.exposed_ps / s.train_steps / 1e9 AS exposed_input_ms_per_step,

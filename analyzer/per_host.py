@@ -12,25 +12,33 @@ hosts, each host's query reading only that host's row groups:
    breakdown, collective time per step, eval and input spans) are appended into the run's TEMP tables;
    the elementary intervals (one row per op boundary) live only while their host is processed; the
    per-op relation ``op_steps`` is appended into a table of a scratch database file, whose blocks DuckDB
-   evicts to disk under its memory limit, so the reduce-side queries over it (top ops, collectives,
-   the findings' evidence SQL) run in bounded memory.
+   evicts to disk under its memory limit, so the reduce-side queries over it (the findings' evidence
+   SQL) run in bounded memory; the readers whose result is a sum over hosts (top ops, collectives,
+   infeed) take partial aggregates from each batch's op rows instead (a hook, ``on_batch``).
 
 The relations returned have the same names, columns and rows as ``materialize_run``'s (row order aside).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from string import Template
 from typing import Any
 
 import duckdb
-from tpuanalyze.analyzer.attribution import _substitutions, load_stages
+from tpuanalyze.analyzer.attribution import RUN_FLAGS, _substitutions, load_stages, run_flags
 from tpuanalyze.analyzer.classify import sql_literal
 
 # Stages whose per-host rows are kept for the run (TEMP tables); the rest live per host only.
 KEPT_STAGES = ("att_runs", "att_programs", "att_steps", "att_eval_spans", "att_input_spans",
                "step_breakdown", "device_breakdown", "collective_time")
 SCRATCH = "ta_scratch"  # the attached scratch database holding the run's op_steps
+# One host's relations that are views rather than tables: att_intervals (one row per op, eval span and
+# step) is read once, by att_elementary, so copying it would only hold a second op-sized relation in memory.
+LOCAL_KIND = {"att_intervals": "VIEW"}
+# One host's op-sized relations no stage after them reads once the step tables exist (op_steps reads
+# att_ops and step_breakdown): dropped before op_steps, which then runs in the memory they held.
+FREED_BEFORE_OP_STEPS = ("att_intervals", "att_elementary")
 
 
 # Events per batch of hosts: one statement per stage and batch costs a fixed planning and classification
@@ -77,17 +85,35 @@ def _append(con: duckdb.DuckDBPyConnection, table: str, select: str, first: bool
         con.execute(f"INSERT INTO {table} {select}")
 
 
+# The reduce-side hook: called with each batch's op rows (a relation with op_steps' columns).
+BatchHook = Callable[[duckdb.DuckDBPyConnection, str], None]
+
+
+def _op_steps_with_hook(con: duckdb.DuckDBPyConnection, op_steps: str, text: str,
+                        on_batch: BatchHook) -> None:
+    """Append the batch's op rows to the run's ``op_steps`` and hand them to ``on_batch``: the rows
+    from the row count before on (an append-only table numbers its rows in order, and a rowid filter
+    reads only the row groups holding them), so the partial aggregates read the batch, not the run."""
+    before = int(con.execute(f"SELECT count(*) FROM {op_steps}").fetchone()[0])
+    con.execute(f"INSERT INTO {op_steps} {text}")
+    on_batch(con, f"(SELECT * FROM {op_steps} WHERE rowid >= {before})")
+
+
 def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
-                         batches: list[tuple[str, str]], prefix: str = "ta_") -> dict[str, str]:
+                         batches: list[tuple[str, str]], prefix: str = "ta_",
+                         on_batch: BatchHook | None = None) -> dict[str, str]:
     """Create the run's relations batch of hosts by batch (module docstring); return stage name ->
-    relation name.
+    relation name. ``on_batch``, when given, is called with each batch's op rows once they are made
+    (the reduce side's partial aggregates, analyzer/batch_reduce.py).
     The connection must have the scratch database attached as ``ta_scratch``."""
     stages = dict(load_stages())
     run_filter = f"run_id = {int(run_id)}"
     local = f"{prefix}h_"  # one host's relations, replaced host after host
 
+    flags: dict[str, bool] | None = None  # the run's, once pass 1 has found them
+
     def sql(name: str, relation: dict[str, str], host: tuple[str, str]) -> str:
-        subs = _substitutions(config, run_filter, relation, host)
+        subs = _substitutions(config, run_filter, relation, host, flags)
         return Template(stages[name]).safe_substitute(subs)
 
     def run(kind: str, table: str, text: str, stage: str) -> None:
@@ -99,15 +125,15 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     # pass 1: the run's flags, OR over the hosts
     for i, host in enumerate(batches):
         _append(con, f"{prefix}att_runs_parts", sql("att_runs", {}, host), i == 0)
-    flags = ("has_device_planes", "has_steps_line", "has_modules_line", "has_group_ids", "is_kineto")
     run("TABLE", f"{prefix}att_runs",
-        f"SELECT run_id, {', '.join(f'bool_or({f}) AS {f}' for f in flags)} "
+        f"SELECT run_id, {', '.join(f'bool_or({f}) AS {f}' for f in RUN_FLAGS)} "
         f"FROM {prefix}att_runs_parts GROUP BY run_id", "att_runs")
     con.execute(f"DROP TABLE {prefix}att_runs_parts")
     runs_rel = {"att_runs": f"{prefix}att_runs"}
-    has_dev, has_steps, has_modules, has_groups = con.execute(
-        f"SELECT has_device_planes, has_steps_line, has_modules_line, has_group_ids FROM {prefix}att_runs"
-    ).fetchone() or (False, False, False, False)
+    flags = run_flags(con, f"{prefix}att_runs")
+    known = flags or dict.fromkeys(RUN_FLAGS, False)
+    has_dev, has_steps, has_modules, has_groups = (
+        known[f] for f in ("has_device_planes", "has_steps_line", "has_modules_line", "has_group_ids"))
     # att_programs reads att_ops only for program executions found through host launches
     programs_need_ops = bool(has_dev and not has_modules and not has_steps and not has_groups)
 
@@ -131,19 +157,25 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
                 run("VIEW", table, f"SELECT * FROM {prefix}att_programs WHERE host "
                     f"BETWEEN {sql_literal(host[0])} AND {sql_literal(host[1])}", name)
             else:
-                run("TABLE", table, sql(name, rel, host), name)
+                run(LOCAL_KIND.get(name, "TABLE"), table, sql(name, rel, host), name)
             rel[name] = table
             if name in KEPT_STAGES and name != "att_programs":
                 _append(con, f"{prefix}{name}", f"SELECT * FROM {table}", i == 0)
+        # the batch's op-boundary relations are read by no later stage: their memory goes to op_steps
+        for name in FREED_BEFORE_OP_STEPS:
+            con.execute(f"DROP {LOCAL_KIND.get(name, 'TABLE')} IF EXISTS {local}{name}")
         text = sql("op_steps", rel, host)
         try:
             if i == 0:  # (empty first: CREATE TABLE AS with the ASOF join plans far slower than INSERT)
                 con.execute(f"CREATE OR REPLACE TABLE {op_steps} AS SELECT * FROM ({text}) LIMIT 0")
-            con.execute(f"INSERT INTO {op_steps} {text}")
+            if on_batch is None:
+                con.execute(f"INSERT INTO {op_steps} {text}")
+            else:
+                _op_steps_with_hook(con, op_steps, text, on_batch)
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage op_steps failed: {exc}") from exc
     for name in stages:
-        kind = "VIEW" if name == "att_programs" else "TABLE"
+        kind = "VIEW" if name == "att_programs" else LOCAL_KIND.get(name, "TABLE")
         con.execute(f"DROP {kind} IF EXISTS {local}{name}")
     # written to the file: the readers' scans then page its blocks in and out under the memory limit
     con.execute(f"CHECKPOINT {SCRATCH}")

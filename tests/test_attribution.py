@@ -177,3 +177,51 @@ def test_random_multi_step_sums_to_wall(tmp_path: Path) -> None:
     assert sum(a.summary["breakdown"].values()) == pytest.approx(1.0, abs=1e-9)
     assert all(v >= 0 for v in a.summary["breakdown"].values())
     assert a.summary["steps"] == 5
+
+
+# --- op_steps: each op's step, against an independent lookup ------------------------------------------
+
+@pytest.mark.parametrize("sample", ["jax_cpu/pmap8_train_eval", "generated/resnet50_v3-32_baseline"])
+def test_op_steps_step_is_the_latest_step_starting_at_or_before_the_op(tmp_path: Path, sample_traces: Path,
+                                                                        sample: str) -> None:
+    """op_steps gives an op the step with the latest start at or before the op's start, if the op starts
+    before that step ends (else NULL), with that step's number and eval flag: checked op by op against a
+    bisect over each device's step starts in Python, on the tables and on the views (whose run flags are
+    columns, not the literals the run tables are built with)."""
+    from bisect import bisect_right
+    from collections import defaultdict
+
+    from tpuanalyze.analyzer.attribution import materialize_run
+    from tpuanalyze.analyzer.config import load_thresholds
+
+    db = tmp_path / "sample.duckdb"
+    run_id = ingest_paths([sample_traces / sample], db).run_ids[0]
+    con = duckdb.connect(str(db))
+    rel = materialize_run(con, run_id, load_thresholds())
+    steps: dict[tuple[str, int], list[tuple[int, int, int | None, bool]]] = defaultdict(list)
+    step_rows = con.execute(f"SELECT host, device_ordinal, start_ps, duration_ps, step_num, is_eval "
+                            f"FROM {rel['step_breakdown']}").fetchall()
+    for host, device, start, duration, num, is_eval in step_rows:
+        steps[(host, device)].append((start, duration, num, is_eval))
+    for series in steps.values():
+        series.sort()
+        assert len({s[0] for s in series}) == len(series), "two steps of one device start together"
+    ops = con.execute(f"SELECT host, device_ordinal, start_ps, step_num, step_start, step_is_eval "
+                      f"FROM {rel['op_steps']}").fetchall()
+    inside = 0
+    for host, device, start, num, step_start, is_eval in ops:
+        series = steps.get((host, device), [])
+        i = bisect_right([s[0] for s in series], start) - 1
+        if i >= 0 and start < series[i][0] + series[i][1]:
+            expected = (series[i][2], series[i][0], series[i][3])
+            inside += 1
+        else:
+            expected = (None, None, None)
+        assert (num, step_start, is_eval) == expected, (host, device, start)
+    assert 0 < inside < len(ops)  # ops in steps and ops outside them (between steps, capture edges)
+    install_views(con)
+    for relation in ("op_steps", "att_runs", "att_input_spans", "step_breakdown"):
+        view = f"SELECT * FROM {relation} WHERE run_id = {run_id}"
+        table = f"SELECT * FROM {rel[relation]}"
+        assert con.execute(f"SELECT count(*) FROM ({view} EXCEPT ALL {table})").fetchone()[0] == 0, relation
+        assert con.execute(f"SELECT count(*) FROM ({table} EXCEPT ALL {view})").fetchone()[0] == 0, relation

@@ -56,6 +56,7 @@ def _same(whole: list[RunAnalysis], batched: list[RunAnalysis]) -> None:
         pd.testing.assert_frame_equal(w.per_host, b.per_host)
         pd.testing.assert_frame_equal(w.collectives, b.collectives)
         pd.testing.assert_frame_equal(w.input, b.input)
+        pd.testing.assert_frame_equal(w.ops, b.ops)
     assert _close(report_json(whole), report_json(batched)) == []
 
 
@@ -132,3 +133,115 @@ def test_steps_line_on_one_host_only(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert sources == {"host0": {"steps_line"}, "host1": {"op_span"}}
     _same(whole, batched)
 
+
+
+def _tie_host(builder: XSpaceBuilder, index: int) -> None:
+    """Two cores, three steps: the all-reduce payload and dtype differ by host (f32 on hosts 0-1, bf16
+    on hosts 2-3: a tie of dtypes, an even number of payloads), its duration too (the per-instance
+    minimum is another host's), two instances of one op per step (occurrences), two op names with the
+    same self time (a tie in the top ops) and one op whose framework op is a tie over the run."""
+    shape = "f32[1024]" if index < 2 else "bf16[1024]"
+    for ordinal in range(2):
+        core = builder.tpu_core(ordinal)
+        for step in range(3):
+            o = 12.0 * step
+            core.event("Steps", str(step), o, o + 10, event_stats={"step_num": step, "group_id": step})
+            core.event("XLA Modules", "jit_train_step(1)", o, o + 10, event_stats={"group_id": step})
+            hlo_op(core, "infeed", o, o + 1 + 0.25 * index, "infeed", shape="bf16[8,224,224,3]")
+            hlo_op(core, "fusion.1", o + 2, o + 4, "convolution fusion", flops=1e9, bytes_accessed=1e6)
+            hlo_op(core, "fusion.2", o + 4, o + 6, "convolution fusion", flops=1e9, bytes_accessed=1e6)
+            tf_op = "train/x" if index < 2 else "train/y"
+            hlo_op(core, "fusion.9", o + 6, o + 6.5, "loop fusion", tf_op=tf_op)
+            hlo_op(core, "all-reduce.1", o + 7, o + 8 - 0.2 * index, "all-reduce", shape=shape)
+            hlo_op(core, "all-reduce.1", o + 8, o + 8.5 + 0.1 * ordinal, "all-reduce", shape=shape)
+            hlo_op(core, "all-gather.1", o + 9, o + 9.5, "all-gather", shape=f"s32[{7 + index}]")
+
+
+def _reference_collectives(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) -> pd.DataFrame:
+    """collectives_frame's numbers straight from all the run's collective op rows at once (pandas)."""
+    from tpuanalyze.analyzer.collectives import COLUMNS, SHAPE_TEXT_SQL, shape_bytes
+
+    n_steps = con.execute(f"SELECT count(*) FROM {rel['step_breakdown']} WHERE NOT is_eval").fetchone()[0]
+    ops = con.execute(
+        f"""SELECT collective_kind AS kind, short_name, {SHAPE_TEXT_SQL} AS shape_text, bytes_accessed, host,
+                   device_ordinal, step_num, step_start, start_ps, duration_ps, line FROM {rel['op_steps']}
+            WHERE collective_kind IS NOT NULL AND step_start IS NOT NULL AND NOT step_is_eval""").df()
+    times = con.execute(
+        f"""SELECT c.kind, sum(c.exposed_ps) AS exposed_ps, sum(c.overlapped_ps) AS overlapped_ps
+            FROM {rel['collective_time']} c JOIN {rel['step_breakdown']} s ON s.host = c.host
+                 AND s.device_ordinal = c.device_ordinal AND s.start_ps = c.step_start
+            WHERE NOT s.is_eval GROUP BY c.kind""").df().set_index("kind")
+    parsed = [shape_bytes(s) if isinstance(s, str) else (None, None) for s in ops["shape_text"]]
+    ops["payload"] = pd.Series([p[0] for p in parsed], dtype="float64").fillna(ops["bytes_accessed"])
+    ops["dtype"] = [p[1] for p in parsed]
+    sync = ops[ops["line"] != "Async XLA Ops"]
+    counted = sync[~sync["short_name"].str.contains("-done", na=False)]
+    df = sync.sort_values("start_ps", kind="stable")
+    df = df.assign(occ=df.groupby(["host", "device_ordinal", "step_start", "short_name"]).cumcount())
+    n_dev_steps = df.groupby(["host", "device_ordinal", "step_start"]).ngroups
+    rows = []
+    for kind in sorted(set(counted["kind"]) | set(times.index), key=["all-reduce", "all-gather"].index):
+        k_ops, k = counted[counted["kind"] == kind], df[df["kind"] == kind]
+        compute = float(k.groupby(["step_num", "short_name", "occ"])["duration_ps"].min().sum()) \
+            / k["step_num"].nunique() / 1e9
+        total = float(k["duration_ps"].sum()) / n_dev_steps / 1e9
+        rows.append({
+            "kind": kind, "count_per_step": len(k_ops) / n_steps,
+            "bytes": float(k_ops["payload"].sum()) / n_steps if k_ops["payload"].notna().any() else None,
+            "dtype": k_ops["dtype"].mode().iloc[0] if k_ops["dtype"].notna().any() else None,
+            "exposed_ms_per_step": float(times["exposed_ps"].get(kind, 0.0)) / n_steps / 1e9,
+            "overlapped_ms_per_step": float(times["overlapped_ps"].get(kind, 0.0)) / n_steps / 1e9,
+            "compute_ms": compute, "sync_ms": max(total - compute, 0.0),
+            "median_op_bytes": float(k_ops["payload"].median()) if k_ops["payload"].notna().any() else None,
+            "ops_per_step_total_ms": total * n_dev_steps / n_steps})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+@pytest.mark.parametrize("batch_events", [ONE_HOST, 110])  # 54 events a host: 1 or 2 hosts a batch
+def test_partial_aggregates_equal_the_runs_rows_at_once(tmp_path: Path, batch_events: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Top ops, collectives and infeed combined from batches of hosts (one host, or two hosts a
+    batch) equal what all the run's op rows give at once, ties included."""
+    from tpuanalyze.analyzer.attribution import materialize_run
+    from tpuanalyze.analyzer.config import load_thresholds
+
+    run_dir = tmp_path / "logs" / "plugins" / "profile" / "r1"
+    for index in range(4):
+        builder = XSpaceBuilder()
+        _tie_host(builder, index)
+        builder.write(run_dir / f"host{index}.xplane.pb")
+    db = _ingest([run_dir], tmp_path / "t.duckdb")
+    con = duckdb.connect(str(db), read_only=True)
+    batches = per_host.host_batches(con, 1, batch_events)
+    assert len(batches) == (4 if batch_events == ONE_HOST else 2), batches
+    rel = materialize_run(con, 1, load_thresholds(None))
+    reference = _reference_collectives(con, rel)
+    reference_ops = con.execute(
+        f"""SELECT short_name AS name, hlo_module, count(*) AS count, sum(duration_ps) / 1e9 AS self_time_ms,
+                   sum(flops) AS flops FROM {rel['op_steps']}
+            WHERE step_start IS NOT NULL AND NOT is_container AND line <> 'Async XLA Ops'
+            GROUP BY ALL ORDER BY self_time_ms DESC, name""").df()
+    reference_infeed = con.execute(
+        f"SELECT host, sum(duration_ps) / 1e9 AS ms FROM {rel['op_steps']} WHERE category = 'input' "
+        "AND step_start IS NOT NULL GROUP BY host ORDER BY host").df()
+    con.close()
+    (batched,) = _analyse(db, batch_events, monkeypatch)
+    (whole,) = _analyse(db, WHOLE_RUN, monkeypatch)
+    coll = batched.collectives
+    assert list(coll["kind"]) == ["all-reduce", "all-gather"]
+    assert coll.loc[0, "dtype"] == "bf16"  # 24 f32 and 24 bf16 all-reduces: the first in sort order
+    assert coll.loc[0, "median_op_bytes"] == (2048 + 4096) / 2  # the mean of the two middle payloads
+    # per instance the minimum over devices: host3's first all-reduce (0.4 ms), a core 0's second (0.5 ms)
+    assert coll.loc[0, "compute_ms"] == pytest.approx(0.4 + 0.5)
+    pd.testing.assert_frame_equal(coll, reference, check_exact=False, rtol=1e-12)
+    ops = batched.ops
+    pd.testing.assert_frame_equal(ops[reference_ops.columns].reset_index(drop=True), reference_ops,
+                                  check_exact=False, rtol=1e-12)
+    assert list(ops["name"][:2]) == ["fusion.1", "fusion.2"]  # same self time: by name
+    assert ops.set_index("name").loc["fusion.9", "tf_op"] == "train/x"  # 12 each: the first in sort order
+    infeed = batched.input.groupby("host")["infeed_ms_per_step"].sum() * 3
+    assert infeed.round(9).tolist() == reference_infeed["ms"].round(9).tolist()
+    # the tables, not the JSON: f32-gradient-allreduce's evidence SQL takes DuckDB's mode(dtype), which
+    # on this run's f32/bf16 tie picks either, run to run (the collectives table breaks the tie in order)
+    for frame in ("per_core", "per_host", "collectives", "input", "ops"):
+        pd.testing.assert_frame_equal(getattr(whole, frame), getattr(batched, frame))
