@@ -239,16 +239,36 @@ def _insert_parts(
     moves: _Moves | None,
 ) -> None:
     """One ``INSERT ... SELECT FROM read_parquet([...])`` per table over all hosts of the run
-    (hosts in discovery order), or, for the dataset's event tables, the parts moved into place."""
+    (hosts in discovery order), or, for the dataset's event tables, the parts moved into place.
+
+    On one DuckDB thread: with the 64 MB commit buffer a second thread cost 45% more CPU for the
+    same rows (2.36M events of 64 hosts: 3.8 vs 2.6 CPU s) and no wall time on two cores."""
+    con.execute("SET threads = 1")
+    try:
+        _insert_tables(con, run, run_id, parquet, moves)
+    finally:
+        try:
+            con.execute("RESET threads")
+        except duckdb.Error:  # a failed statement aborted the transaction: the caller rolls back
+            pass
+
+
+def _insert_tables(
+    con: duckdb.DuckDBPyConnection,
+    run: RunToStore,
+    run_id: int,
+    parquet: Path | None,
+    moves: _Moves | None,
+) -> None:
     for table in HOST_TABLES:
-        files = [p.files[table] for p in run.parts if p.files.get(table)]
+        files = [file for p in run.parts for file in p.files.get(table, [])]
         if not files:
             continue
         if parquet is not None and table in EVENT_TABLES:
             assert moves is not None
             for part in run.parts:
                 if part.files.get(table):
-                    folder = Path(part.files[table]).parent
+                    folder = Path(part.files[table][0]).parent
                     target = parquet / table / f"run_id={run_id}" / f"host={partition_value(part.host)}"
                     moves.move(folder, target)
             continue

@@ -99,9 +99,8 @@ def test_a_load_out_of_duckdb_memory_is_redone_with_a_note(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reference = ingest_paths([GENERATED], tmp_path / "reference.duckdb")
-    # the worker's buffer, for a host loaded in memory (small files) or through a scratch file
+    # the worker's buffer while it writes a host's parts
     monkeypatch.setattr(ingest_module, "LOAD_MEMORY_LIMIT", "1MB")
-    monkeypatch.setattr(ingest_module, "IN_MEMORY_LIMIT", "1MB")
     summary = ingest_paths([GENERATED], tmp_path / "tiny.duckdb", workers=1)  # in this process
     assert any("ran out of its 1MB load buffer" in note for note in summary.notes)
     assert summary.events == reference.events

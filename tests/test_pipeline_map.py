@@ -203,20 +203,25 @@ def test_ingest_progress_shows_hosts_events_per_second_and_eta_on_a_terminal(
     assert "\x1b[" in output
 
 
-def test_hosts_loaded_through_a_scratch_file_give_the_same_rows(
+def test_hosts_written_in_many_parts_give_the_same_rows(
     pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Large host files load through a scratch DuckDB file (bounded memory), small ones in memory:
-    the rows are the same either way."""
-    from tpuanalyze.store import parts
+    """A host's rows gathered across planes are written in parts of a bounded size (the memory of a
+    large host): cut into many small parts, the rows, their order included, are the same."""
+    from tpuanalyze.store import load
 
-    in_memory = tmp_path / "memory.duckdb"
-    ingest_paths([pod], in_memory, workers=1)
-    monkeypatch.setattr(parts, "IN_MEMORY_BYTES", 0)
-    through_file = tmp_path / "file.duckdb"
-    ingest_paths([pod], through_file, workers=1)
-    for relation in ("events", "planes", "lines", "event_metadata"):
-        assert _relation(through_file, relation) == _relation(in_memory, relation), relation
+    one_part = tmp_path / "one.duckdb"
+    ingest_paths([pod], one_part, workers=1)
+    monkeypatch.setattr(load, "FLUSH_EVENTS", 1000)
+    monkeypatch.setattr(load, "FLUSH_PLANE_ROWS", 7)
+    many_parts = tmp_path / "many.duckdb"
+    ingest_paths([pod], many_parts, workers=1)
+    for relation in ("events", "planes", "lines", "event_metadata", "event_details"):
+        assert _relation(many_parts, relation) == _relation(one_part, relation), relation
+    order = "SELECT host, plane_index, event_index FROM event_rows"  # stored order: no ORDER BY
+    with duckdb.connect(str(many_parts), read_only=True) as many:
+        with duckdb.connect(str(one_part), read_only=True) as one:
+            assert many.execute(order).fetchall() == one.execute(order).fetchall()
 
 
 def test_a_busy_database_at_the_glance_still_gets_its_parts_in_its_dataset(
@@ -234,3 +239,28 @@ def test_a_busy_database_at_the_glance_still_gets_its_parts_in_its_dataset(
     summary = ingest_paths([pod], layered, workers=1)
     assert _relation(layered, "events") == _relation(plain, "events")
     assert (dataset / "event_rows" / f"run_id={summary.run_ids[0]}").is_dir()
+
+
+def test_hosts_written_from_threads_at_once_give_the_same_parts(pod: Path, tmp_path: Path) -> None:
+    """A Dask worker runs tasks in threads of one process: each thread writes through its own DuckDB
+    connection, so hosts loaded at once give the parts they give one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tpuanalyze.parsers.xspace import XSpaceReader
+    from tpuanalyze.store.parts import write_host_parts
+
+    files = sorted(pod.glob("*.xplane.pb"))
+    assert len(files) >= 2
+
+    def write(args: tuple[Path, Path]) -> dict[str, list]:
+        path, staging = args
+        reader = XSpaceReader(path)
+        parts = write_host_parts(reader, reader.t0_ns, staging, False)
+        with duckdb.connect() as con:
+            return {table: con.execute(f"SELECT * FROM read_parquet({[str(f) for f in fs]})").fetchall()
+                    for table, fs in parts.files.items()}
+
+    one_by_one = [write((f, tmp_path / "serial")) for f in files]
+    with ThreadPoolExecutor(max_workers=len(files)) as pool:
+        at_once = list(pool.map(write, [(f, tmp_path / f"threads-{i}") for i, f in enumerate(files)]))
+    assert at_once == one_by_one

@@ -73,14 +73,16 @@ def load_host_shipped(task: LoadTask) -> ShippedParts:
     bytes (the scratch folder is removed)."""
     scratch = tempfile.mkdtemp(prefix="tpuanalyze-parts-")
     try:
-        loaded = load_host(dataclasses.replace(task, staging=scratch))
+        loaded = load_host(dataclasses.replace(task, staging=scratch, compact=True))
         blobs: dict[str, bytes] = {}
         if loaded.parts is not None:
-            for table, path in loaded.parts.files.items():
-                if path:
+            for table, paths in loaded.parts.files.items():
+                targets = []
+                for path in paths:
                     target = str(Path(task.staging) / Path(path).relative_to(scratch))
                     blobs[target] = Path(path).read_bytes()
-                    loaded.parts.files[table] = target
+                    targets.append(target)
+                loaded.parts.files[table] = targets
         return ShippedParts(loaded, blobs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -61,6 +61,7 @@ class LoadTask:
     run_t0_ns: int | None
     staging: str
     hive_events: bool = False
+    compact: bool = False  # the parts travel (from a cluster's worker): smallest files
 
 
 @dataclass
@@ -115,7 +116,7 @@ def load_host(task: LoadTask) -> Loaded:
     try:
         with local_input(task.input.path) as local:  # a URL: a local copy while it is read
             reader = _kept.pop(task.input.path, None) or _open(task.input, local if url else None)
-            parts = write_host_parts(reader, task.run_t0_ns, task.staging, task.hive_events)
+            parts = write_host_parts(reader, task.run_t0_ns, task.staging, task.hive_events, task.compact)
     except (TpuAnalyzeError, OSError) as exc:
         return Loaded(error=_error(exc, task.input))
     release = getattr(reader, "release", None)
