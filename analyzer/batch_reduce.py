@@ -9,6 +9,7 @@ import duckdb
 from tpuanalyze.analyzer.collectives import CollectivePartials
 from tpuanalyze.analyzer.input import infeed_sql
 from tpuanalyze.analyzer.ops import ops_partial_sql
+from tpuanalyze.analyzer.per_host import append_rows
 
 
 class BatchReduce:
@@ -26,11 +27,7 @@ class BatchReduce:
         """Add one batch's op rows (a relation with op_steps' columns)."""
         selects = {"ops_parts": ops_partial_sql(self.run_id, op_rows), "infeed_parts": infeed_sql(op_rows)}
         for key, select in selects.items():
-            table = self._tables[key]
-            if self._batches == 0:
-                con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {select}")
-            else:
-                con.execute(f"INSERT INTO {table} {select}")
+            append_rows(con, self._tables[key], select, self._batches == 0)
         self.collectives.add(con, op_rows)
         self._batches += 1
 

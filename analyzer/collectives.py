@@ -150,7 +150,7 @@ def collectives_frame(con: duckdb.DuckDBPyConnection, rel: dict[str, str],
     dtypes = _concat(partials.dtypes, ["kind", "dtype", "n"]).groupby(["kind", "dtype"])["n"].sum()
     durations = (pd.concat(partials.durations).groupby(level=0).sum() if partials.durations
                  else pd.Series(dtype="int64"))
-    split = _compute_sync_split(partials)
+    split = _compute_sync_split(partials, durations)
     rows = []
     for kind in COLLECTIVE_KINDS:
         k_pay = payloads[payloads["kind"] == kind]
@@ -201,7 +201,8 @@ def _median(values: pd.DataFrame) -> float:
     return float(np.mean([nth(total // 2 - 1), nth(total // 2)]))
 
 
-def _compute_sync_split(partials: CollectivePartials) -> dict[str, tuple[float, float]]:
+def _compute_sync_split(partials: CollectivePartials,
+                        durations: pd.Series) -> dict[str, tuple[float, float]]:
     """XProf's split per kind, per device step (ms): compute = sum over collective instances of the
     minimum duration across devices; sync = mean total duration per device step - compute.
 
@@ -210,7 +211,6 @@ def _compute_sync_split(partials: CollectivePartials) -> dict[str, tuple[float, 
         return {}
     per_instance = pd.concat(partials.instances).groupby(level=[0, 1, 2, 3], dropna=False).min()
     step_nums = pd.concat(partials.step_nums, ignore_index=True).drop_duplicates()
-    durations = pd.concat(partials.durations).groupby(level=0).sum()
     out = {}
     for kind, k in per_instance.groupby(level=0):
         n_step_nums = max(step_nums.loc[step_nums["kind"] == kind, "step_num"].nunique(dropna=False), 1)

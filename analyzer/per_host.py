@@ -78,7 +78,8 @@ def host_batches(con: duckdb.DuckDBPyConnection, run_id: int,
     return batches
 
 
-def _append(con: duckdb.DuckDBPyConnection, table: str, select: str, first: bool) -> None:
+def append_rows(con: duckdb.DuckDBPyConnection, table: str, select: str, first: bool) -> None:
+    """A TEMP table of ``select``'s rows when ``first``, else those rows appended to it."""
     if first:
         con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {select}")
     else:
@@ -124,7 +125,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
 
     # pass 1: the run's flags, OR over the hosts
     for i, host in enumerate(batches):
-        _append(con, f"{prefix}att_runs_parts", sql("att_runs", {}, host), i == 0)
+        append_rows(con, f"{prefix}att_runs_parts", sql("att_runs", {}, host), i == 0)
     run("TABLE", f"{prefix}att_runs",
         f"SELECT run_id, {', '.join(f'bool_or({f}) AS {f}' for f in RUN_FLAGS)} "
         f"FROM {prefix}att_runs_parts GROUP BY run_id", "att_runs")
@@ -143,7 +144,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         run("TABLE", f"{local}att_ops",
             ops_sql if programs_need_ops else f"SELECT * FROM ({ops_sql}) LIMIT 0", "att_ops")
         rel = {**runs_rel, "att_ops": f"{local}att_ops"}
-        _append(con, f"{prefix}att_programs", sql("att_programs", rel, host), i == 0)
+        append_rows(con, f"{prefix}att_programs", sql("att_programs", rel, host), i == 0)
 
     # pass 3: everything else, host by host
     op_steps = f"{SCRATCH}.{prefix}op_steps"
@@ -160,7 +161,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
                 run(LOCAL_KIND.get(name, "TABLE"), table, sql(name, rel, host), name)
             rel[name] = table
             if name in KEPT_STAGES and name != "att_programs":
-                _append(con, f"{prefix}{name}", f"SELECT * FROM {table}", i == 0)
+                append_rows(con, f"{prefix}{name}", f"SELECT * FROM {table}", i == 0)
         # the batch's op-boundary relations are read by no later stage: their memory goes to op_steps
         for name in FREED_BEFORE_OP_STEPS:
             con.execute(f"DROP {LOCAL_KIND.get(name, 'TABLE')} IF EXISTS {local}{name}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -188,7 +190,8 @@ def _store_once(
                 for stale_id in sorted({*old_ids, run_id}):
                     for table in EVENT_TABLES:
                         moves.set_aside(parquet / table / f"run_id={stale_id}")
-            _insert_parts(con, run, run_id, parquet, moves)
+            with _one_thread(con):
+                _insert_parts(con, run, run_id, parquet, moves)
             _insert_hosts(con, run, run_id)
             _insert_run_row(con, run, run_id, name, notes)
             stored.run_ids.append(run_id)
@@ -231,6 +234,20 @@ def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
+@contextmanager
+def _one_thread(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """DuckDB on one thread meanwhile: with the 64 MB commit buffer a second thread cost 45% more CPU
+    for the same rows (2.36M events of 64 hosts: 3.8 vs 2.6 CPU s) and no wall time on two cores."""
+    con.execute("SET threads = 1")
+    try:
+        yield
+    finally:
+        try:
+            con.execute("RESET threads")
+        except duckdb.Error:  # a failed statement aborted the transaction: the caller rolls back
+            pass
+
+
 def _insert_parts(
     con: duckdb.DuckDBPyConnection,
     run: RunToStore,
@@ -239,27 +256,7 @@ def _insert_parts(
     moves: _Moves | None,
 ) -> None:
     """One ``INSERT ... SELECT FROM read_parquet([...])`` per table over all hosts of the run
-    (hosts in discovery order), or, for the dataset's event tables, the parts moved into place.
-
-    On one DuckDB thread: with the 64 MB commit buffer a second thread cost 45% more CPU for the
-    same rows (2.36M events of 64 hosts: 3.8 vs 2.6 CPU s) and no wall time on two cores."""
-    con.execute("SET threads = 1")
-    try:
-        _insert_tables(con, run, run_id, parquet, moves)
-    finally:
-        try:
-            con.execute("RESET threads")
-        except duckdb.Error:  # a failed statement aborted the transaction: the caller rolls back
-            pass
-
-
-def _insert_tables(
-    con: duckdb.DuckDBPyConnection,
-    run: RunToStore,
-    run_id: int,
-    parquet: Path | None,
-    moves: _Moves | None,
-) -> None:
+    (hosts in discovery order), or, for the dataset's event tables, the parts moved into place."""
     for table in HOST_TABLES:
         files = [file for p in run.parts for file in p.files.get(table, [])]
         if not files:
