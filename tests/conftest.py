@@ -41,13 +41,13 @@ def shared_mlperf() -> Path:
 def sample_traces() -> Path:
     return SAMPLE_TRACES
 
-# Parallel runs, opt-in (pytest-xdist >= 3.8: ``-n 2 --dist loadgroup --no-loadscope-reorder``). The
-# README's command is serial: on the shared 2-core machine two workers were no faster (same wall time,
-# each test twice as slow). Under loadgroup a test module runs on one worker, so its module fixtures are
-# made once; modules that declare an xdist_group of their own share a worker with the rest of that group:
-# "captures" (the session's ingest of the real and bundled captures, made once) and "resources" (tests
-# that measure time or memory, send signals or hold database locks, run one after another). The long
-# units go first so that no worker is left with one at the end.
+# Parallel runs (the README's command: ``-n 2 --dist loadgroup --no-loadscope-reorder``, pytest-xdist >= 3.8).
+# Under loadgroup a test module runs on one worker, so its module fixtures are made once; modules that
+# declare an xdist_group of their own share a worker with the rest of that group: "captures" (the
+# session's ingest of the real and bundled captures, made once) and "resources" (tests that measure time
+# or memory, send signals or hold database locks, run one after another). The long units go first so
+# that no worker is left with one at the end (the reorder by test count is off: it would put the one
+# long clone test last). A serial run (no ``-n``) keeps the collection order.
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not getattr(config.option, "loadgroup", False):  # set by xdist on its workers under --dist loadgroup
