@@ -26,7 +26,13 @@ from string import Template
 from typing import Any
 
 import duckdb
-from tpuanalyze.analyzer.attribution import RUN_FLAGS, _substitutions, load_stages, run_flags
+from tpuanalyze.analyzer.attribution import (
+    RUN_FLAGS,
+    _substitutions,
+    compiled_stage,
+    load_stages,
+    run_flags,
+)
 from tpuanalyze.analyzer.classify import sql_literal
 
 # Stages whose per-host rows are kept for the run (TEMP tables); the rest live per host only.
@@ -157,7 +163,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             if name == "att_programs":
                 run("VIEW", table, f"SELECT * FROM {prefix}att_programs WHERE host "
                     f"BETWEEN {sql_literal(host[0])} AND {sql_literal(host[1])}", name)
-            else:
+            elif not compiled_stage(con, name, rel, table):
                 run(LOCAL_KIND.get(name, "TABLE"), table, sql(name, rel, host), name)
             rel[name] = table
             if name in KEPT_STAGES and name != "att_programs":
