@@ -157,3 +157,94 @@ def _steps(dev: np.ndarray, ts: np.ndarray, in_step: np.ndarray, n_dev: int, s_d
 def _np(column: Any, dtype: Any) -> np.ndarray:
     """A non-null fetched column as a contiguous numpy array of ``dtype``."""
     return np.ascontiguousarray(np.asarray(column), dtype=dtype)
+
+
+# the columns of stage op_steps, in its order (attribution.sql)
+_OP_STEPS_COLUMNS = ("run_id, host, device AS device_ordinal, short_name, name, category, collective_kind, "
+                     "hlo_category, hlo_module, tf_op, shape, flops, bytes_accessed, start_ps, duration_ps, "
+                     "line, is_container")
+
+
+class OpSteps:
+    """Stage op_steps' rows for a batch without its window: the step each op starts in found by numpy
+    (the device's latest step start <= the op's start, if the op starts before that step ends: the
+    stage's ASOF rule, a step's start before an op starting at the same instant), joined back to the op
+    rows by position. Use as a context manager: ``sql`` is valid inside it (an Arrow table registered on
+    the connection)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, att_ops: str, step_breakdown: str,
+                 name: str) -> None:
+        self._con, self._name = con, name
+        key = "hash(run_id::BIGINT, host, {device}::BIGINT)"
+        ops = con.execute(f"SELECT rowid AS i, {key.format(device='device')} AS k, start_ps "
+                          f"FROM {att_ops}").fetchnumpy()
+        steps = con.execute(f"SELECT {key.format(device='device_ordinal')} AS k, start_ps, duration_ps, "
+                            f"step_num, is_eval FROM {step_breakdown} WHERE device_ordinal IS NOT NULL "
+                            f"ORDER BY k, start_ps").fetchnumpy()
+        n = len(ops["i"])
+        found = _latest_steps(_np(ops["k"], np.uint64), _np(ops["start_ps"], np.int64),
+                              _np(steps["k"], np.uint64), _np(steps["start_ps"], np.int64),
+                              _np(steps["duration_ps"], np.int64))
+        at = np.empty(n, np.int64)  # the step row of each op, in the table's row order (-1: none)
+        at[_np(ops["i"], np.int64)] = found
+        none = at < 0
+        pick = np.maximum(at, 0)
+
+        def column(values: Any, kind: pa.DataType, fill: Any) -> pa.Array:
+            if not len(values):
+                return pa.nulls(n, kind)
+            taken = np.asarray(_filled(values, fill))[pick]
+            return pa.array(taken, type=kind, mask=none | _null_mask(values)[pick])
+
+        self._table = pa.table({
+            "step_num": column(steps["step_num"], pa.int64(), 0),
+            "step_start": column(steps["start_ps"], pa.int64(), 0),
+            "step_is_eval": column(steps["is_eval"], pa.bool_(), False),
+        })
+        self.sql = (f"SELECT {_OP_STEPS_COLUMNS}, k.step_num, k.step_start, k.step_is_eval "
+                    f"FROM {att_ops} POSITIONAL JOIN {name} k")
+
+    def __enter__(self) -> OpSteps:
+        self._con.register(self._name, self._table)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._con.unregister(self._name)
+
+
+def _latest_steps(op_key: np.ndarray, op_ts: np.ndarray, s_key: np.ndarray, s_start: np.ndarray,
+                  s_duration: np.ndarray) -> np.ndarray:
+    """For each op, the index of its device's step with the latest start <= the op's start, or -1 when
+    there is none or the op starts at or after that step's end; steps sorted by (key, start)."""
+    out = np.full(len(op_ts), -1, np.int64)
+    if not len(op_ts) or not len(s_start):
+        return out
+    order = np.lexsort((op_ts, op_key))
+    keys, ts = op_key[order], op_ts[order]
+    dev_keys, first = np.unique(s_key, return_index=True)
+    last = np.append(first[1:], len(s_key))
+    op_bounds = np.searchsorted(keys, dev_keys, side="left"), np.searchsorted(keys, dev_keys, side="right")
+    found = np.full(len(ts), -1, np.int64)
+    for d in range(len(dev_keys)):
+        a, b = op_bounds[0][d], op_bounds[1][d]
+        if a == b:
+            continue
+        lo, hi = first[d], last[d]
+        j = np.searchsorted(s_start[lo:hi], ts[a:b], side="right") - 1 + lo
+        ok = j >= lo
+        jj = np.maximum(j, lo)
+        ok &= ts[a:b] < s_start[jj] + s_duration[jj]
+        found[a:b] = np.where(ok, jj, -1)
+    out[order] = found
+    return out
+
+
+def _null_mask(column: Any) -> np.ndarray:
+    """Where a fetched column is NULL (fetchnumpy gives masked arrays for columns with NULLs)."""
+    mask = np.ma.getmaskarray(column) if isinstance(column, np.ma.MaskedArray) else None
+    return mask if mask is not None else np.zeros(len(column), bool)
+
+
+def _filled(column: Any, fill: Any = 0) -> np.ndarray:
+    """A fetched column with its NULLs replaced by ``fill`` (their masks kept apart, _null_mask)."""
+    return column.filled(fill) if isinstance(column, np.ma.MaskedArray) else np.asarray(column)
