@@ -1,10 +1,12 @@
-"""The numpy boundary sweep (analyzer/sweep.py) gives att_elementary's SQL rows exactly: on every
-bundled and shared capture, on a multi-host generated pod attributed host batch by host batch, and on
-hypothesis-built interval sets with ties, nesting, zero-length spans and steps sharing boundaries."""
+"""The numpy boundary sweep and op-step lookup (analyzer/sweep.py) give att_elementary's and op_steps'
+SQL rows exactly: on every bundled and shared capture, on a multi-host generated pod attributed host
+batch by host batch, and on hypothesis-built interval sets with ties, nesting, zero-length spans and
+steps sharing boundaries."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from string import Template
 
 import duckdb
 import pytest
@@ -12,12 +14,11 @@ from conftest import CaptureSet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tpuanalyze.analyzer.api import load_thresholds
-from tpuanalyze.analyzer.attribution import materialize_run
-from tpuanalyze.analyzer.sweep import numpy_elementary
+from tpuanalyze.analyzer.attribution import _substitutions, load_stages, materialize_run, run_flags
+from tpuanalyze.analyzer.sweep import OpSteps, numpy_elementary
 
 COLUMNS = ("run_id, host, device, ts, len_ps, category, collective_overlapped, in_step, "
            "ar, ag, rs, a2a, cp, sr, step_start")
-DOWNSTREAM = ("att_elementary", "step_breakdown", "device_breakdown", "collective_time")
 
 
 def _differences(con: duckdb.DuckDBPyConnection, a: str, b: str) -> int:
@@ -26,22 +27,26 @@ def _differences(con: duckdb.DuckDBPyConnection, a: str, b: str) -> int:
                            f"(SELECT count(*) FROM (FROM {b} EXCEPT ALL FROM {a}))").fetchall()[0][0])
 
 
-def _same_both_ways(db: Path, run_ids: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+def _same_both_ways(db: Path, run_ids: list[int]) -> None:
+    """Each run materialized once (the numpy sweep and op-step lookup); the stages' SQL then run over the
+    same input relations: att_elementary and op_steps must hold the same rows, with the same types."""
     config = load_thresholds(None)
     con = duckdb.connect(str(db), read_only=True)
+    stages = dict(load_stages())
     try:
         for run_id in run_ids:
-            monkeypatch.setenv("TPUANALYZE_SWEEP", "sql")
-            materialize_run(con, run_id, config, prefix="sq_")
-            monkeypatch.setenv("TPUANALYZE_SWEEP", "numpy")
-            materialize_run(con, run_id, config, prefix="cc_")
-            assert con.execute("SELECT count(*) FROM cc_att_elementary").fetchall()[0][0] == \
-                con.execute("SELECT count(*) FROM sq_att_elementary").fetchall()[0][0]
+            rel = materialize_run(con, run_id, config)
+            flags = run_flags(con, rel["att_runs"])
+            subs = _substitutions(config, f"run_id = {int(run_id)}", rel, flags=flags)
+            con.execute("CREATE OR REPLACE TEMP TABLE sq_elementary AS "
+                        + Template(stages["att_elementary"]).safe_substitute(subs))
             types = {t: con.execute(f"SELECT column_name, column_type FROM (DESCRIBE {t})").fetchall()
-                     for t in ("sq_att_elementary", "cc_att_elementary")}
-            assert types["sq_att_elementary"] == types["cc_att_elementary"]
-            for stage in DOWNSTREAM:
-                assert _differences(con, f"sq_{stage}", f"cc_{stage}") == 0, (run_id, stage)
+                     for t in ("sq_elementary", rel["att_elementary"])}
+            assert types["sq_elementary"] == types[rel["att_elementary"]]
+            assert _differences(con, "sq_elementary", rel["att_elementary"]) == 0, run_id
+            op_sql = Template(stages["op_steps"]).safe_substitute(subs)
+            with OpSteps(con, rel["att_ops"], rel["step_breakdown"], "found_steps") as found:
+                assert _differences(con, f"({op_sql})", f"({found.sql})") == 0, run_id
     finally:
         con.close()
 
@@ -50,17 +55,15 @@ def _run_ids(captures: CaptureSet) -> list[int]:
     return sorted({captures.run_id(p) for p in captures.paths})
 
 
-def test_numpy_sweep_equals_sql_on_bundled_captures(sample_captures: CaptureSet,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    _same_both_ways(sample_captures.db, _run_ids(sample_captures), monkeypatch)
+def test_numpy_stages_equal_sql_on_bundled_captures(sample_captures: CaptureSet) -> None:
+    _same_both_ways(sample_captures.db, _run_ids(sample_captures))
 
 
-def test_numpy_sweep_equals_sql_on_shared_captures(shared_captures: CaptureSet,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    _same_both_ways(shared_captures.db, _run_ids(shared_captures), monkeypatch)
+def test_numpy_stages_equal_sql_on_shared_captures(shared_captures: CaptureSet) -> None:
+    _same_both_ways(shared_captures.db, _run_ids(shared_captures))
 
 
-@pytest.mark.parametrize("scenario", ["straggler", "input-bound"])
+@pytest.mark.parametrize("scenario", ["straggler"])
 def test_per_host_analysis_is_the_same_either_way(tmp_path: Path, scenario: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A generated 4-host pod attributed host by host: every frame and the JSON equal with either sweep."""
@@ -109,11 +112,9 @@ def interval_sets(draw: st.DrawFn) -> tuple[list[tuple], list[tuple]]:
     return intervals, steps
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(interval_sets())
 def test_numpy_sweep_equals_sql_on_built_intervals(data: tuple[list[tuple], list[tuple]]) -> None:
-    from tpuanalyze.analyzer.attribution import _substitutions, load_stages
-
     intervals, steps = data
     con = duckdb.connect()
     con.execute("CREATE TEMP TABLE iv (run_id BIGINT, host VARCHAR, device INTEGER, category VARCHAR, "
@@ -124,8 +125,6 @@ def test_numpy_sweep_equals_sql_on_built_intervals(data: tuple[list[tuple], list
         con.executemany("INSERT INTO iv VALUES (1, 'h', ?, ?, ?, ?, ?)", intervals)
     if steps:
         con.executemany("INSERT INTO stp VALUES (1, 'h', ?, ?, ?)", steps)
-    from string import Template
-
     body = dict(load_stages())["att_elementary"]
     subs = _substitutions(load_thresholds(None), "TRUE", {"att_intervals": "iv", "att_steps": "stp"})
     con.execute(f"CREATE TEMP TABLE sq AS {Template(body).safe_substitute(subs)}")
