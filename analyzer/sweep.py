@@ -51,11 +51,12 @@ def numpy_elementary(con: duckdb.DuckDBPyConnection, intervals: str, steps: str,
     points = con.execute(
         f"WITH iv AS (SELECT d.dev_id, coalesce(CASE i.category {cat_case} END, 15) * 8 "
         f"+ coalesce(CASE i.kind {kind_case} END, 7) AS code, i.start_ps, i.end_ps "
-        f"FROM {intervals} i JOIN {target}_devs d USING (run_id, host, device)) "
+        f"FROM {intervals} i JOIN {target}_devs d ON {_same_device('i')}) "
         f"SELECT dev_id, ts, code::UTINYINT AS code FROM (SELECT dev_id, start_ps AS ts, code FROM iv "
         f"UNION ALL SELECT dev_id, end_ps, code + 128 FROM iv) ORDER BY dev_id, ts").fetchnumpy()
     st = con.execute(
         f"SELECT d.dev_id, s.start_ps, max(s.end_ps) AS end_ps FROM {steps} s "
+        # the steps of a NULL device are nobody's (the SQL's ASOF join matches devices by equality)
         f"JOIN {target}_devs d USING (run_id, host, device) GROUP BY ALL "
         f"ORDER BY d.dev_id, s.start_ps").fetchnumpy()
     n_dev = int(con.execute(f"SELECT count(*) FROM {target}_devs").fetchall()[0][0])
@@ -152,6 +153,13 @@ def _steps(dev: np.ndarray, ts: np.ndarray, in_step: np.ndarray, n_dev: int, s_d
         step[a:b] = np.where(ok, s_start[j], 0)
         has[a:b] = ok
     return step, has
+
+
+def _same_device(alias: str) -> str:
+    """A join of ``alias``'s rows to the batch's devices ``d``: a NULL device is a device too (the SQL
+    keys devices by hash(run_id, host, device), which does not drop NULLs)."""
+    return (f"d.run_id = {alias}.run_id AND d.host = {alias}.host "
+            f"AND d.device IS NOT DISTINCT FROM {alias}.device")
 
 
 def _np(column: Any, dtype: Any) -> np.ndarray:

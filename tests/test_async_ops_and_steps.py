@@ -274,7 +274,8 @@ def _truncated_reference(steps: pd.DataFrame, partial_fraction: float) -> dict[s
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["h1", "h10", "h2"]), st.integers(0, 2), st.integers(0, 6),
-                          st.integers(1, 10), st.booleans()), min_size=1, max_size=40, unique_by=lambda r: r[:3]))
+                          st.integers(1, 10), st.booleans()),
+                min_size=1, max_size=40, unique_by=lambda r: r[:3]))
 def test_truncated_steps_vectorised_equals_the_rule(rows: list[tuple]) -> None:
     """The vectorised check names the same first/last steps, in the same order, as the rule per device."""
     from tpuanalyze.analyzer.capture_health import _truncated_steps
