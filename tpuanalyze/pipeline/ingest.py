@@ -25,6 +25,7 @@ from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 from tpuanalyze.parsers.discover import RunSource, discover_inputs
 from tpuanalyze.parsers.remote import is_url
 from tpuanalyze.parsers.staging import MAX_SPAN_NS
+from tpuanalyze.parsers.xspace import COMPILED_SHARE_EVENTS
 from tpuanalyze.pipeline.executors import default_workers, make_executor
 from tpuanalyze.pipeline.progress import IngestProgress
 from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
@@ -106,7 +107,8 @@ def ingest_paths(
             per_run = _split(probes, hosts)
             _check_host_offsets(sources, hosts, per_run)
             t0s = [_run_t0(run_probes) for run_probes in per_run]
-            loaded = _load_all(executor, hosts, t0s, staging, dataset is not None, bar)
+            compiled = _compiled_share(probes, summary.workers)
+            loaded = _load_all(executor, hosts, t0s, staging, dataset is not None, bar, compiled)
         runs = [
             RunToStore(
                 name=s.name,
@@ -335,6 +337,16 @@ def _check_host_offsets(
         )
 
 
+def _compiled_share(probes: list[Probe], workers: int) -> bool:
+    """Whether each worker process reads enough events (``COMPILED_SHARE_EVENTS``) for the
+    compiled decoder to pay back loading it (decided per process, not per file: 64 pod hosts of
+    37K events each are 2.4M events for one process). Unknown worker count (a caller's executor,
+    ``workers`` 0): per file, as the reader decides alone."""
+    if workers < 1:
+        return False
+    return sum(p.num_events for p in probes) / workers >= COMPILED_SHARE_EVENTS
+
+
 def _load_all(
     executor: Executor,
     hosts: list[list[HostInput]],
@@ -342,11 +354,12 @@ def _load_all(
     staging: Path,
     hive_events: bool,
     bar: IngestProgress,
+    compiled: bool = False,
 ) -> list[list[Loaded]]:
     tasks: list[LoadTask] = []
     for run_index, (run_hosts, t0) in enumerate(zip(hosts, t0s, strict=True)):
         run_staging = str(staging / f"run-{run_index}")
-        tasks.extend(LoadTask(item, t0, run_staging, hive_events) for item in run_hosts)
+        tasks.extend(LoadTask(item, t0, run_staging, hive_events, compiled=compiled) for item in run_hosts)
     bar.phase("loading", len(tasks))
     results = _map(executor, load_host, tasks, [t.input for t in tasks], bar,
                    lambda result: result.parts.events if result.parts else 0)
