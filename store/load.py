@@ -204,6 +204,16 @@ def _stats_json(con: duckdb.DuckDBPyConnection, stats: Columns) -> tuple[np.ndar
     return np.concatenate(owners), np.concatenate(texts)
 
 
+def factorize(values: np.ndarray) -> tuple[list[Any], np.ndarray]:
+    """(distinct values in order of first appearance, each row's code into them) of an object
+    array of a few distinct names. Why not ``np.unique``: sorting Python strings cost ~1 us a row
+    (a pod host's stat keys: 50 ms); a dict lookup a row costs a tenth of that."""
+    index: dict[Any, int] = {}
+    code = index.setdefault
+    codes = np.array([code(value, len(index)) for value in values.tolist()], dtype=np.int64)
+    return list(index), codes
+
+
 # Text that DuckDB's to_json writes as is between quotes (printable ASCII but quote and backslash).
 _PLAIN_TEXT = re.compile(r'[ !#-\[\]-~]*')
 
@@ -218,9 +228,9 @@ def _plain_stats_json(stats: Columns) -> tuple[np.ndarray, np.ndarray] | None:
     if not (is_int | is_uint | is_text).all():
         return None
     match = _PLAIN_TEXT.fullmatch
-    names, codes = np.unique(stats["key"].astype(object), return_inverse=True)
+    names, codes = factorize(stats["key"])
     keys = []
-    for name in list(names):
+    for name in names:
         if not isinstance(name, str) or not match(name):
             return None
         keys.append(f'"{name}":')
@@ -235,7 +245,7 @@ def _plain_stats_json(stats: Columns) -> tuple[np.ndarray, np.ndarray] | None:
         if not all(isinstance(t, str) and match(t) for t in texts):
             return None
         values[rows] = [f'"{t}"' for t in texts]
-    pieces = (np.array(keys, dtype=object)[np.asarray(codes).reshape(-1)] + values).tolist()
+    pieces = (np.array(keys, dtype=object)[codes] + values).tolist()
     owner = stats["owner"]
     bounds = (np.flatnonzero(np.diff(owner)) + 1).tolist()
     starts, stops = [0, *bounds], [*bounds, len(owner)]
@@ -286,9 +296,8 @@ def _typed_columns(stats: Columns, n: int) -> tuple[Columns, np.ndarray]:
     fitting stat of a typed name is kept out of the JSON, as its value is in the column.
     """
     keys, owner = stats["key"], stats["owner"]
-    names, codes = np.unique(keys, return_inverse=True)
-    codes = codes.reshape(-1)
-    code_of = {str(name): i for i, name in enumerate(names.tolist())}
+    names, codes = factorize(keys)
+    code_of = {str(name): i for i, name in enumerate(names)}
     typed_rows = np.zeros(len(keys), dtype=bool)
     columns: Columns = {}
     for column, kind in TYPED_COLUMNS:
