@@ -29,7 +29,7 @@ from tpuanalyze.parsers.xspace import COMPILED_SHARE_EVENTS
 from tpuanalyze.pipeline.executors import default_workers, make_executor
 from tpuanalyze.pipeline.progress import IngestProgress
 from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
-from tpuanalyze.pipeline.views import install_default_views
+from tpuanalyze.pipeline.views import install_default_views, seed_new_database
 from tpuanalyze.store.commit import RunToStore, check_layout, store_runs
 from tpuanalyze.store.database import connect
 from tpuanalyze.store.parts import make_hive, remove_tree
@@ -376,7 +376,8 @@ def _commit(
 ) -> None:
     """One connection for the load and the views: the write lock is held from the first statement
     to the last, so no other process can slip in between (and make an ingest that committed fail
-    on its views)."""
+    on its views). A new database starts as a copy of the empty template (schema and views)."""
+    seed_new_database(db_path)
     con = connect(db_path)
     try:
         layout = check_layout(con, db_path, Path(parquet) if parquet is not None else None)
