@@ -70,6 +70,7 @@ _WARMUP_BYTES_PER_EVENT = 20
 # kernels (``XSpaceReader.use_compiled``): they save ~1.4 CPU us per event of a pod host over the
 # numpy decoder (small planes decoded together), so loading them (~1.5 CPU s) pays from ~1.1M on.
 COMPILED_SHARE_EVENTS = 2_000_000
+COMPILED_SHARE_FILES = 8  # host files per process, at least (many small hosts, not a few large ones)
 _MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
 # Consecutive planes of fewer than CHUNK_EVENTS events are decoded together, up to this many events
 # and plane bytes: a pod host's ~20 planes of ~2K events each cost a decoder call apiece (~1 ms of

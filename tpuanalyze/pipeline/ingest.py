@@ -25,7 +25,7 @@ from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 from tpuanalyze.parsers.discover import RunSource, discover_inputs
 from tpuanalyze.parsers.remote import is_url
 from tpuanalyze.parsers.staging import MAX_SPAN_NS
-from tpuanalyze.parsers.xspace import COMPILED_SHARE_EVENTS
+from tpuanalyze.parsers.xspace import COMPILED_SHARE_EVENTS, COMPILED_SHARE_FILES
 from tpuanalyze.pipeline.executors import default_workers, make_executor
 from tpuanalyze.pipeline.progress import IngestProgress
 from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
@@ -338,11 +338,13 @@ def _check_host_offsets(
 
 
 def _compiled_share(probes: list[Probe], workers: int) -> bool:
-    """Whether each worker process reads enough events (``COMPILED_SHARE_EVENTS``) for the
-    compiled decoder to pay back loading it (decided per process, not per file: 64 pod hosts of
-    37K events each are 2.4M events for one process). Unknown worker count (a caller's executor,
-    ``workers`` 0): per file, as the reader decides alone."""
-    if workers < 1:
+    """Whether each worker process reads enough events (``COMPILED_SHARE_EVENTS``) in enough host
+    files (``COMPILED_SHARE_FILES``) for the compiled decoder to pay back loading it: decided per
+    process, not per file, for the many small hosts of a pod (64 hosts of 37K events are 2.4M
+    events for one process). A few large files keep the reader's own choice by file size: loading
+    numba adds ~120 MB of RSS, which a single file's memory budget has no room for. Unknown worker
+    count (a caller's executor, ``workers`` 0): the reader's choice."""
+    if workers < 1 or len(probes) < COMPILED_SHARE_FILES * workers:
         return False
     return sum(p.num_events for p in probes) / workers >= COMPILED_SHARE_EVENTS
 
