@@ -703,11 +703,13 @@ class XSpaceReader:
             yield self._plane(planes[0].index, planes[0])
             return
         group = _PlaneGroup(self, planes)
+        group.decode()
         for position, plane in enumerate(planes):
-            yield self._plane(plane.index, plane, group.batches(position))
+            yield self._plane(plane.index, plane, group.batches(position), group.module_ids(position))
 
     def _plane(
-        self, plane_index: int, read: _Plane, batches: Iterator[EventBatch] | None = None
+        self, plane_index: int, read: _Plane, batches: Iterator[EventBatch] | None = None,
+        known_module_ids: set[int] | None = None,
     ) -> PlaneData:
         plane = read.message
         stat_names = read.stat_names()
@@ -719,12 +721,12 @@ class XSpaceReader:
         if len(rows) != len(read.line_ranges):
             raise TraceFormatError("file changed while being ingested", self.file_path)
         lines = empty_lines()
-        module_ids: set[int] = set()
+        module_ids: set[int] = set() if known_module_ids is None else known_module_ids
         buf = read.buffer
         for line_index, row in enumerate(rows):
             for column, value in zip(LINE_COLUMNS, (line_index, *row), strict=True):
                 lines[column].append(value)
-            if row[2] == "XLA Modules" and row[-1]:
+            if row[2] == "XLA Modules" and row[-1] and known_module_ids is None:
                 for starts, ends in read.event_ranges(line_index, CHUNK_EVENTS, self._jit):
                     module_ids.update(np.unique(self._decode_chunk(buf, starts, ends)[0]).tolist())
         metadata = self._plane_metadata(read, stat_names, module_ids)
@@ -908,14 +910,23 @@ class _PlaneGroup:
     def __init__(self, reader: XSpaceReader, planes: list[_Plane]) -> None:
         self.reader, self.planes = reader, planes
         self.decoded: list[EventBatch | None] | None = None
+        self.modules: list[set[int]] = []
         self.fallback = False
 
-    def batches(self, position: int) -> Iterator[EventBatch]:
+    def decode(self) -> None:
+        """Decode the group's events (once); a refusal means plane by plane instead."""
         if self.decoded is None and not self.fallback:
             try:
                 self.decoded = self._decode()
             except TraceFormatError:
                 self.fallback = True
+
+    def module_ids(self, position: int) -> set[int] | None:
+        """The metadata ids of the plane's 'XLA Modules' events (None: the plane finds them itself)."""
+        return None if self.fallback else self.modules[position]
+
+    def batches(self, position: int) -> Iterator[EventBatch]:
+        self.decode()
         plane = self.planes[position]
         if self.fallback:
             yield from self.reader._batches(plane, plane.stat_names())
@@ -945,6 +956,7 @@ class _PlaneGroup:
             buffers.append(plane.buffer)
             offset += len(plane.buffer)
         if not pieces:
+            self.modules = [set() for _ in self.planes]
             return [None] * len(self.planes)
         buf = np.concatenate(buffers)
         starts, ends, lines, bases = (np.concatenate(part) for part in zip(*pieces, strict=True))
@@ -968,8 +980,16 @@ class _PlaneGroup:
             stat_order = np.argsort(stat_plane, kind="stable")  # trace order kept within a plane
             stat_bounds = np.searchsorted(stat_plane[stat_order], np.arange(len(self.planes) + 1))
         out: list[EventBatch | None] = []
+        self.modules = []
         for position, plane in enumerate(self.planes):
             a, b = bounds[position], bounds[position + 1]
+            module_lines = [i for i, row in enumerate(reader._line_rows[plane.index])
+                            if row[2] == "XLA Modules" and row[-1]]
+            if module_lines:
+                on_module_lines = np.isin(lines[a:b], module_lines)
+                self.modules.append(set(np.unique(md_ids[a:b][on_module_lines]).tolist()))
+            else:
+                self.modules.append(set())
             if a == b:
                 out.append(None)
                 continue
