@@ -76,7 +76,7 @@ _MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
 # and plane bytes: a pod host's ~20 planes of ~2K events each cost a decoder call apiece (~1 ms of
 # numpy call overhead each, more than decoding the events), now one or two per host.
 GROUP_EVENTS = 4 * CHUNK_EVENTS
-GROUP_BYTES = 16 << 20
+GROUP_BYTES = 4 << 20  # the group's plane bytes are held (and copied once) while it is decoded
 
 
 def host_name_for(path: Path) -> str:
