@@ -204,3 +204,12 @@ def test_a_new_database_from_the_template_equals_one_built_statement_by_statemen
         assert con.execute("SELECT count(*) FROM step_breakdown").fetchone()[0] > 0
     finally:
         con.close()
+
+
+def test_an_unusable_cache_folder_means_no_template(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TPUANALYZE_CACHE_DIR", str(blocker / "cache"))
+    summary = ingest_paths([SAMPLE_TRACES / "jax_cpu" / "single_jit_train"], tmp_path / "x.duckdb", workers=1)
+    assert summary.events > 0 and summary.views
+    assert _catalog(tmp_path / "x.duckdb")[0]  # the views, created statement by statement

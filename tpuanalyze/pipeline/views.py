@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 
+from tpuanalyze.errors import TpuAnalyzeError
 from tpuanalyze.store.commit import first_line
 from tpuanalyze.store.database import connect, schema_sql
 
@@ -100,7 +101,7 @@ def seed_new_database(db_path: str | Path) -> bool:
         finally:
             scratch.unlink(missing_ok=True)
         return True
-    except (OSError, duckdb.Error):
+    except (OSError, duckdb.Error, TpuAnalyzeError):
         return False
 
 
