@@ -98,13 +98,20 @@ def append_rows(con: duckdb.DuckDBPyConnection, table: str, select: str, first: 
 BatchHook = Callable[[duckdb.DuckDBPyConnection, str], None]
 
 
+def _append_op_rows(con: duckdb.DuckDBPyConnection, op_steps: str, rows: str) -> None:
+    """Append a batch's op rows, its collectives first: they then fill row groups of their own, whose
+    statistics let the findings' evidence SQL (``collective_kind IN (...)``) skip the compute ops'."""
+    con.execute(f"INSERT INTO {op_steps} SELECT * FROM ({rows}) WHERE collective_kind IS NOT NULL")
+    con.execute(f"INSERT INTO {op_steps} SELECT * FROM ({rows}) WHERE collective_kind IS NULL")
+
+
 def _op_steps_with_hook(con: duckdb.DuckDBPyConnection, op_steps: str, text: str,
                         on_batch: BatchHook) -> None:
     """Append the batch's op rows to the run's ``op_steps`` and hand them to ``on_batch``: the rows
     from the row count before on (an append-only table numbers its rows in order, and a rowid filter
     reads only the row groups holding them), so the partial aggregates read the batch, not the run."""
     before = int(con.execute(f"SELECT count(*) FROM {op_steps}").fetchone()[0])
-    con.execute(f"INSERT INTO {op_steps} {text}")
+    _append_op_rows(con, op_steps, text)
     on_batch(con, f"(SELECT * FROM {op_steps} WHERE rowid >= {before})")
 
 
@@ -190,7 +197,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
                 con.execute(f"CREATE OR REPLACE TABLE {op_steps} AS SELECT * FROM ({text}) LIMIT 0")
             with _op_rows(con, text, rel) as rows:
                 if on_batch is None:
-                    con.execute(f"INSERT INTO {op_steps} {rows}")
+                    _append_op_rows(con, op_steps, rows)
                 else:
                     _op_steps_with_hook(con, op_steps, rows, on_batch)
         except duckdb.Error as exc:
