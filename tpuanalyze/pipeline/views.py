@@ -13,7 +13,7 @@ import duckdb
 
 from tpuanalyze.errors import TpuAnalyzeError
 from tpuanalyze.store.commit import first_line
-from tpuanalyze.store.database import connect, schema_sql
+from tpuanalyze.store.database import check_db_path, connect, schema_sql
 
 VIEWS_MEMORY_LIMIT = "1GB"
 
@@ -83,7 +83,10 @@ def seed_new_database(db_path: str | Path) -> bool:
     folder). Why: creating the views costs ~0.6 CPU s (DuckDB binds each one), most of a small
     ingest; a copy of the ~1 MB template costs a few ms. Returns whether it did; any problem
     (no cache folder, no room) leaves the file to be created as before."""
-    path = Path(db_path)
+    try:
+        path = check_db_path(db_path)  # (never a file named ':memory:' or 'md:x': connect refuses those)
+    except TpuAnalyzeError:
+        return False
     folder = _cache_dir()
     if folder is None or path.exists() or path.with_name(path.name + ".wal").exists():
         return False
