@@ -19,6 +19,7 @@ from tpuanalyze.analyzer.classify import (
     sql_literal,
     wrapped_sql,
 )
+from tpuanalyze.analyzer.sweep import numpy_elementary, sweep_in_sql
 
 SQL_PATH = Path(__file__).with_name("attribution.sql")
 _STAGE_RE = re.compile(r"^-- stage: (\w+)\s*$", re.MULTILINE)
@@ -81,6 +82,16 @@ def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, 
     return subs
 
 
+def compiled_stage(con: duckdb.DuckDBPyConnection, name: str, relation: dict[str, str],
+                   table: str) -> bool:
+    """Create stage ``name`` as TEMP TABLE ``table`` without its SQL where an equivalent outside SQL
+    exists (att_elementary: the numpy sweep, analyzer/sweep.py); False if the SQL must run."""
+    if name != "att_elementary" or sweep_in_sql():
+        return False
+    numpy_elementary(con, relation["att_intervals"], relation["att_steps"], table)
+    return True
+
+
 def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
                     prefix: str = "ta_") -> dict[str, str]:
     """Create TEMP tables ``<prefix><stage>`` for one run; return stage name -> table name."""
@@ -94,7 +105,8 @@ def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[st
         # op_steps is one row per op: a view (filters push into it) rather than a copy of every op
         kind = "VIEW" if name in LAZY_STAGES else "TABLE"
         try:
-            con.execute(f"CREATE OR REPLACE TEMP {kind} {table} AS {sql}").fetchall()
+            if not compiled_stage(con, name, relation, table):
+                con.execute(f"CREATE OR REPLACE TEMP {kind} {table} AS {sql}").fetchall()
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage {name} failed: {exc}") from exc
         relation[name] = table

@@ -149,15 +149,17 @@ def _truncated_steps(steps: pd.DataFrame, partial_fraction: float) -> list[dict]
     """A first or last step much shorter than the median: the profile window cut it."""
     if steps.empty:
         return []
-    cut: dict[str, list[int]] = {"first": [], "last": []}
-    for _, dev in steps[~steps["is_eval"]].groupby(["host", "device_ordinal"]):
-        if len(dev) < 3:
-            continue
-        dev = dev.sort_values("start_ps")
-        median = float(dev["duration_ps"].median())
-        for edge, row in (("first", dev.iloc[0]), ("last", dev.iloc[-1])):
-            if row["duration_ps"] < partial_fraction * median and int(row["step_num"]) not in cut[edge]:
-                cut[edge].append(int(row["step_num"]))
+    # per device (in host, device order), its train steps by start: the first and the last step of a
+    # device with at least 3 steps that is shorter than partial_fraction x the device's median
+    train = steps[~steps["is_eval"] & steps["host"].notna() & steps["device_ordinal"].notna()]
+    train = train.sort_values(["host", "device_ordinal", "start_ps"], kind="stable")
+    by_device = train.groupby(["host", "device_ordinal"], sort=False)["duration_ps"]
+    short = ((by_device.transform("size") >= 3)
+             & (train["duration_ps"] < partial_fraction * by_device.transform("median")))
+    cut: dict[str, list[int]] = {}
+    for edge, at_edge in (("first", by_device.cumcount() == 0),
+                          ("last", by_device.cumcount(ascending=False) == 0)):
+        cut[edge] = [int(n) for n in pd.unique(train.loc[short & at_edge, "step_num"].astype("int64"))]
     if not cut["first"] and not cut["last"]:
         return []
     parts = [f"{edge} step {', '.join(map(str, nums))}" for edge, nums in cut.items() if nums]

@@ -21,13 +21,21 @@ The relations returned have the same names, columns and rows as ``materialize_ru
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from string import Template
 from typing import Any
 
 import duckdb
-from tpuanalyze.analyzer.attribution import RUN_FLAGS, _substitutions, load_stages, run_flags
+from tpuanalyze.analyzer.attribution import (
+    RUN_FLAGS,
+    _substitutions,
+    compiled_stage,
+    load_stages,
+    run_flags,
+)
 from tpuanalyze.analyzer.classify import sql_literal
+from tpuanalyze.analyzer.sweep import OpSteps, sweep_in_sql
 
 # Stages whose per-host rows are kept for the run (TEMP tables); the rest live per host only.
 KEPT_STAGES = ("att_runs", "att_programs", "att_steps", "att_eval_spans", "att_input_spans",
@@ -90,14 +98,32 @@ def append_rows(con: duckdb.DuckDBPyConnection, table: str, select: str, first: 
 BatchHook = Callable[[duckdb.DuckDBPyConnection, str], None]
 
 
+def _append_op_rows(con: duckdb.DuckDBPyConnection, op_steps: str, rows: str) -> None:
+    """Append a batch's op rows, its collectives first: they then fill row groups of their own, whose
+    statistics let the findings' evidence SQL (``collective_kind IN (...)``) skip the compute ops'."""
+    con.execute(f"INSERT INTO {op_steps} SELECT * FROM ({rows}) WHERE collective_kind IS NOT NULL")
+    con.execute(f"INSERT INTO {op_steps} SELECT * FROM ({rows}) WHERE collective_kind IS NULL")
+
+
 def _op_steps_with_hook(con: duckdb.DuckDBPyConnection, op_steps: str, text: str,
                         on_batch: BatchHook) -> None:
     """Append the batch's op rows to the run's ``op_steps`` and hand them to ``on_batch``: the rows
     from the row count before on (an append-only table numbers its rows in order, and a rowid filter
     reads only the row groups holding them), so the partial aggregates read the batch, not the run."""
     before = int(con.execute(f"SELECT count(*) FROM {op_steps}").fetchone()[0])
-    con.execute(f"INSERT INTO {op_steps} {text}")
+    _append_op_rows(con, op_steps, text)
     on_batch(con, f"(SELECT * FROM {op_steps} WHERE rowid >= {before})")
+
+
+@contextmanager
+def _op_rows(con: duckdb.DuckDBPyConnection, text: str, rel: dict[str, str]) -> Iterator[str]:
+    """The SELECT of a batch's op_steps rows: the step lookup in numpy (analyzer/sweep.py), or the
+    stage's SQL ``text`` when TPUANALYZE_SWEEP=sql."""
+    if sweep_in_sql():
+        yield text
+        return
+    with OpSteps(con, rel["att_ops"], rel["step_breakdown"], f"{rel['att_ops']}_steps") as found:
+        yield found.sql
 
 
 def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
@@ -157,7 +183,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             if name == "att_programs":
                 run("VIEW", table, f"SELECT * FROM {prefix}att_programs WHERE host "
                     f"BETWEEN {sql_literal(host[0])} AND {sql_literal(host[1])}", name)
-            else:
+            elif not compiled_stage(con, name, rel, table):
                 run(LOCAL_KIND.get(name, "TABLE"), table, sql(name, rel, host), name)
             rel[name] = table
             if name in KEPT_STAGES and name != "att_programs":
@@ -169,10 +195,11 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         try:
             if i == 0:  # (empty first: CREATE TABLE AS with the ASOF join plans far slower than INSERT)
                 con.execute(f"CREATE OR REPLACE TABLE {op_steps} AS SELECT * FROM ({text}) LIMIT 0")
-            if on_batch is None:
-                con.execute(f"INSERT INTO {op_steps} {text}")
-            else:
-                _op_steps_with_hook(con, op_steps, text, on_batch)
+            with _op_rows(con, text, rel) as rows:
+                if on_batch is None:
+                    _append_op_rows(con, op_steps, rows)
+                else:
+                    _op_steps_with_hook(con, op_steps, rows, on_batch)
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage op_steps failed: {exc}") from exc
     for name in stages:

@@ -18,6 +18,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -65,7 +66,19 @@ COMPILED_MIN_EVENTS = 3_000_000
 # threshold (events on TPU core lines take ~19 bytes); smaller files that turn out to hold enough
 # events load the kernels after validation instead.
 _WARMUP_BYTES_PER_EVENT = 20
+# Events one process reads in an ingest from which every file of it is decoded by the compiled
+# kernels (``XSpaceReader.use_compiled``): they save ~1.4 CPU us per event of a pod host over the
+# numpy decoder (small planes decoded together), so loading them (~1.5 CPU s) pays from ~1.1M on.
+COMPILED_SHARE_EVENTS = 2_000_000
+COMPILED_SHARE_FILES = 8  # host files per process, at least (many small hosts, not a few large ones)
 _MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
+# Consecutive planes of fewer than CHUNK_EVENTS events are decoded together, up to this many events
+# and plane bytes: a pod host's ~20 planes of ~2K events each cost a decoder call apiece (~1 ms of
+# numpy call overhead each, more than decoding the events), now a few per host. No more than a
+# batch's events: 4x as many cut no more CPU (fresh pages for the larger temporaries: twice the
+# page faults) and held 13 MB more.
+GROUP_EVENTS = CHUNK_EVENTS
+GROUP_BYTES = 4 << 20  # the group's plane bytes are held (and copied once) while it is decoded
 
 
 def host_name_for(path: Path) -> str:
@@ -228,9 +241,9 @@ def _next_field(data: bytes, pos: int, end: int, where: str, what: str) -> tuple
 
 def _split_lines(
     data: bytes, where: str, what: str
-) -> tuple[list[tuple[int, int]], bytes, list[int], list[int]]:
-    """An XPlane's bytes -> (offset, size) of each ``lines`` field, the other fields' bytes, and
-    the (start, end) of each ``event_metadata`` map entry's payload.
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[int], list[int]]:
+    """An XPlane's bytes -> (offset, size) of each ``lines`` field, the (start, end) of the runs of
+    other fields between them, and the (start, end) of each ``event_metadata`` map entry's payload.
 
     Why: upb would copy every line into the plane's arena and Python again on access; with the
     ranges each line is parsed straight from the plane's bytes (peak memory -9 MB per 4.6 MB
@@ -239,7 +252,7 @@ def _split_lines(
     (which also names what is wrong).
     """
     ranges: list[tuple[int, int]] = []
-    rest: list[bytes] = []
+    rest: list[tuple[int, int]] = []
     md_starts: list[int] = []
     md_ends: list[int] = []
     pos, end = 0, len(data)
@@ -262,7 +275,7 @@ def _split_lines(
             tag, start, after = _next_field(data, pos, end, where, what)
         if tag == lines_tag:
             if pos > kept:
-                rest.append(data[kept:pos])
+                rest.append((kept, pos))
             kept = after
             ranges.append((start, after - start))
             if len(ranges) > MAX_LINES:
@@ -272,24 +285,51 @@ def _split_lines(
             md_ends.append(after)
         pos = after
     if end > kept:
-        rest.append(data[kept:end])
-    return ranges, b"".join(rest), md_starts, md_ends
+        rest.append((kept, end))
+    return ranges, rest, md_starts, md_ends
+
+
+@dataclass
+class PlaneSplit:
+    """Where a plane's top-level fields lie in its bytes (``_split_lines``): kept from the
+    validation pass, so streaming the plane walks only its events, not its fields again."""
+
+    line_ranges: list[tuple[int, int]]  # (offset, size) of each line
+    rest: list[tuple[int, int]]  # (start, end) of the runs of other fields
+    metadata_starts: np.ndarray
+    metadata_ends: np.ndarray
 
 
 class _Plane:
     """One plane read from the file: its message without lines, and its lines parsed on demand."""
 
-    def __init__(self, blob: bytes, where: str, index: int) -> None:
+    def __init__(self, blob: bytes, where: str, index: int, split: PlaneSplit | None = None) -> None:
         what = f"plane #{index}"
         self.blob, self.where, self.index = blob, where, index
         self.buffer = np.frombuffer(blob, dtype=np.uint8)  # the blob, for numpy decoding
-        self.line_ranges, rest, md_starts, md_ends = _split_lines(blob, where, what)
-        self.metadata_ranges = (np.array(md_starts, dtype=np.int64), np.array(md_ends, dtype=np.int64))
+        if split is None:
+            ranges, spans, md_starts, md_ends = _split_lines(blob, where, what)
+            split = PlaneSplit(ranges, spans, np.array(md_starts, dtype=np.int64),
+                               np.array(md_ends, dtype=np.int64))
+        self.split = split
+        self.line_ranges = split.line_ranges
+        self.metadata_ranges = (split.metadata_starts, split.metadata_ends)
+        if len(split.rest) == 1 and split.rest[0] == (0, len(blob)):
+            rest = blob
+        else:
+            rest = b"".join([blob[a:b] for a, b in split.rest])
         self.message = _parse_part("XPlane", rest, where, what)
+        self._stat_names: dict[int, str] | None = None
 
     @property
     def name(self) -> str:
         return self.message.name
+
+    def stat_names(self) -> dict[int, str]:
+        """Stat metadata id -> name."""
+        if self._stat_names is None:
+            self._stat_names = {k: v.name for k, v in self.message.stat_metadata.items()}
+        return self._stat_names
 
     def lines(self) -> Iterator[Any]:
         view = memoryview(self.blob)
@@ -584,9 +624,11 @@ class XSpaceReader:
             # Each plane's lines (id, display_id, name, display_name, timestamp_ns, duration_ps,
             # events): streaming then walks only the events.
             self._line_rows: list[list[tuple[Any, ...]]] = []
+            self._splits: list[PlaneSplit] = []
             lines_seen = 0
             for index, (start, size) in enumerate(ranges):
                 plane = _Plane(_read_range(handle, start, size, where), where, index)
+                self._splits.append(plane.split)
                 names.append(plane.name)
                 rows = []
                 for line_index, line in enumerate(plane.lines()):
@@ -619,9 +661,16 @@ class XSpaceReader:
         self._jit = compiled_decoder() if wanted else None
         self._last_metadata: tuple[tuple[Any, ...], Columns] | None = None
 
+    def use_compiled(self) -> None:
+        """Decode with the compiled kernels whatever the file's size (unless ``TPUANALYZE_DECODER``
+        is 'numpy'): the ingest's process reads enough events in all (``COMPILED_SHARE_EVENTS``)."""
+        if self._jit is None and decoder_mode() != "numpy":
+            self._jit = compiled_decoder()
+
     def release(self) -> None:
         """Forget the plane ranges once streamed."""
         self._ranges = None
+        self._splits = []
         self._last_metadata = None
 
     def planes(self) -> Iterator[PlaneData]:
@@ -631,14 +680,41 @@ class XSpaceReader:
         with handle:
             if size != self.file_bytes:
                 raise TraceFormatError("file changed while being ingested", self.file_path)
+            group: list[_Plane] = []  # small planes read ahead, their events decoded together
+            group_events = group_bytes = 0
             for plane_index, (start, size) in enumerate(self._ranges):
-                plane = _Plane(_read_range(handle, start, size, self.file_path), self.file_path, plane_index)
-                yield self._plane(plane_index, plane)
+                events = sum(row[-1] for row in self._line_rows[plane_index])
+                if group and (events >= CHUNK_EVENTS or group_events + events > GROUP_EVENTS
+                              or group_bytes + size > GROUP_BYTES):
+                    yield from self._grouped(group)
+                    group, group_events, group_bytes = [], 0, 0
+                plane = _Plane(_read_range(handle, start, size, self.file_path), self.file_path, plane_index,
+                               self._splits[plane_index])
+                if events >= CHUNK_EVENTS:
+                    yield self._plane(plane_index, plane)
+                else:
+                    group.append(plane)
+                    group_events += events
+                    group_bytes += size
                 del plane
+            yield from self._grouped(group)
 
-    def _plane(self, plane_index: int, read: _Plane) -> PlaneData:
+    def _grouped(self, planes: list[_Plane]) -> Iterator[PlaneData]:
+        """The planes of a group, each with its batch cut from one decode of the whole group."""
+        if len(planes) == 1:
+            yield self._plane(planes[0].index, planes[0])
+            return
+        group = _PlaneGroup(self, planes)
+        group.decode()
+        for position, plane in enumerate(planes):
+            yield self._plane(plane.index, plane, group.batches(position), group.module_ids(position))
+
+    def _plane(
+        self, plane_index: int, read: _Plane, batches: Iterator[EventBatch] | None = None,
+        known_module_ids: set[int] | None = None,
+    ) -> PlaneData:
         plane = read.message
-        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+        stat_names = read.stat_names()
         kind, ordinal = classify_plane(plane.name)
         plane_stats = {k: json_safe(v) for k, v in _stat_dict(plane.stats, stat_names).items()}
         if plane.name == "Task Environment":
@@ -647,12 +723,12 @@ class XSpaceReader:
         if len(rows) != len(read.line_ranges):
             raise TraceFormatError("file changed while being ingested", self.file_path)
         lines = empty_lines()
-        module_ids: set[int] = set()
+        module_ids: set[int] = set() if known_module_ids is None else known_module_ids
         buf = read.buffer
         for line_index, row in enumerate(rows):
             for column, value in zip(LINE_COLUMNS, (line_index, *row), strict=True):
                 lines[column].append(value)
-            if row[2] == "XLA Modules" and row[-1]:
+            if row[2] == "XLA Modules" and row[-1] and known_module_ids is None:
                 for starts, ends in read.event_ranges(line_index, CHUNK_EVENTS, self._jit):
                     module_ids.update(np.unique(self._decode_chunk(buf, starts, ends)[0]).tolist())
         metadata = self._plane_metadata(read, stat_names, module_ids)
@@ -673,7 +749,7 @@ class XSpaceReader:
             info=info,
             lines=lines_columns(lines),
             metadata=metadata,
-            batches=self._batches(read, stat_names),
+            batches=self._batches(read, stat_names) if batches is None else batches,
         )
 
     def _plane_metadata(self, read: _Plane, stat_names: dict[int, str], module_ids: set[int]) -> Columns:
@@ -821,6 +897,126 @@ class XSpaceReader:
             has_occurrences=has_occ,
             stats=stats,
         )
+
+
+class _PlaneGroup:
+    """Consecutive small planes whose events are decoded in one pass (``XSpaceReader._grouped``).
+
+    Each plane gets exactly the batch its own decode gives (same events, stats in the same order,
+    owners relative to the plane); the decode runs when the first plane's batches are asked for.
+    Should any of the planes be refused (corrupt events, the time policy), the group falls back to
+    decoding plane by plane, so the error, and which plane's rows came before it, are as without
+    grouping.
+    """
+
+    def __init__(self, reader: XSpaceReader, planes: list[_Plane]) -> None:
+        self.reader, self.planes = reader, planes
+        self.decoded: list[EventBatch | None] | None = None
+        self.modules: list[set[int]] = []
+        self.fallback = False
+
+    def decode(self) -> None:
+        """Decode the group's events (once); a refusal means plane by plane instead."""
+        if self.decoded is None and not self.fallback:
+            try:
+                self.decoded = self._decode()
+            except TraceFormatError:
+                self.fallback = True
+
+    def module_ids(self, position: int) -> set[int] | None:
+        """The metadata ids of the plane's 'XLA Modules' events (None: the plane finds them itself)."""
+        return None if self.fallback else self.modules[position]
+
+    def batches(self, position: int) -> Iterator[EventBatch]:
+        self.decode()
+        plane = self.planes[position]
+        if self.fallback:
+            yield from self.reader._batches(plane, plane.stat_names())
+            return
+        assert self.decoded is not None
+        batch, self.decoded[position] = self.decoded[position], None
+        if batch is not None:
+            yield batch
+
+    def _decode(self) -> list[EventBatch | None]:
+        reader = self.reader
+        base_ns = reader.t0_ns or 0
+        buffers: list[np.ndarray] = []
+        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        bounds = [0]  # each plane's first event in the group
+        offset = 0
+        for plane in self.planes:
+            count = 0
+            for line_index, row in enumerate(reader._line_rows[plane.index]):
+                base_ps = (row[4] - base_ns) * 1000
+                for starts, ends in plane.event_ranges(line_index, CHUNK_EVENTS, reader._jit):
+                    n = len(starts)
+                    pieces.append((starts + offset, ends + offset, np.full(n, line_index, dtype=np.int32),
+                                   np.full(n, base_ps, dtype=np.int64)))
+                    count += n
+            bounds.append(bounds[-1] + count)
+            buffers.append(plane.buffer)
+            offset += len(plane.buffer)
+        if not pieces:
+            self.modules = [set() for _ in self.planes]
+            return [None] * len(self.planes)
+        buf = np.concatenate(buffers)
+        starts, ends, lines, bases = (np.concatenate(part) for part in zip(*pieces, strict=True))
+        del pieces
+        md_ids, offsets, durations, occurrences, has_occ, owner, start, length = reader._decode_chunk(
+            buf, starts, ends
+        )
+        offsets = np.clip(offsets, -4 * MAX_SPAN_PS, 4 * MAX_SPAN_PS)
+        start_ps = offsets + bases
+        if first_bad_time(start_ps, durations) is not None:
+            raise TraceFormatError("bad event time", reader.file_path)  # the plane-by-plane decode says which
+        values: tuple[np.ndarray, ...] | None = None
+        stat_order = stat_bounds = None
+        if len(owner):
+            try:
+                values = reader._jit.stats(buf, start, start + length) if reader._jit is not None \
+                    else _stat_values(buf, start, length)
+            except wire.WireError as exc:
+                raise TraceFormatError(f"corrupt XSpace event stats: {exc}", reader.file_path) from None
+            stat_plane = np.searchsorted(np.array(bounds[1:-1], dtype=np.int64), owner, side="right")
+            stat_order = np.argsort(stat_plane, kind="stable")  # trace order kept within a plane
+            stat_bounds = np.searchsorted(stat_plane[stat_order], np.arange(len(self.planes) + 1))
+        out: list[EventBatch | None] = []
+        self.modules = []
+        for position, plane in enumerate(self.planes):
+            a, b = bounds[position], bounds[position + 1]
+            module_lines = [i for i, row in enumerate(reader._line_rows[plane.index])
+                            if row[2] == "XLA Modules" and row[-1]]
+            if module_lines:
+                on_module_lines = np.isin(lines[a:b], module_lines)
+                self.modules.append(set(np.unique(md_ids[a:b][on_module_lines]).tolist()))
+            else:
+                self.modules.append(set())
+            if a == b:
+                out.append(None)
+                continue
+            stats = None
+            if values is not None:
+                assert stat_order is not None and stat_bounds is not None
+                rows = stat_order[stat_bounds[position]:stat_bounds[position + 1]]
+                if len(rows):
+                    try:
+                        stats = _stat_table(buf, owner[rows] - a, tuple(v[rows] for v in values),
+                                            plane.stat_names())
+                    except wire.WireError as exc:
+                        raise TraceFormatError(
+                            f"corrupt XSpace event stats: {exc}", reader.file_path
+                        ) from None
+            out.append(EventBatch(
+                line_index=lines[a:b],
+                metadata_id=md_ids[a:b],
+                start_ps=start_ps[a:b],
+                duration_ps=durations[a:b],
+                num_occurrences=occurrences[a:b],
+                has_occurrences=has_occ[a:b],
+                stats=stats,
+            ))
+        return out
 
 
 class _Warmup:

@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_attribution_xspace import XSpaceBuilder, hlo_op
 from tpuanalyze.analyzer.api import analyze_run
 
@@ -253,3 +256,37 @@ def test_trace_json_at_its_event_limit_is_truncated(tmp_path: Path) -> None:
     warning = next(w for w in capped.summary["capture"]["warnings"] if w["code"] == "truncated")
     assert warning["event_limit"] == 40 and warning["hosts"] == ["host0"]
     assert "truncated" not in _codes(analyze_run(con, run_id))  # 40 events are far below 1M
+
+
+def _truncated_reference(steps: pd.DataFrame, partial_fraction: float) -> dict[str, list[int]]:
+    """The truncation rule written device by device, as plainly as it reads."""
+    cut: dict[str, list[int]] = {"first": [], "last": []}
+    for _, dev in steps[~steps["is_eval"]].groupby(["host", "device_ordinal"]):
+        if len(dev) < 3:
+            continue
+        dev = dev.sort_values("start_ps", kind="stable")
+        median = float(dev["duration_ps"].median())
+        for edge, row in (("first", dev.iloc[0]), ("last", dev.iloc[-1])):
+            if row["duration_ps"] < partial_fraction * median and int(row["step_num"]) not in cut[edge]:
+                cut[edge].append(int(row["step_num"]))
+    return cut
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["h1", "h10", "h2"]), st.integers(0, 2), st.integers(0, 6),
+                          st.integers(1, 10), st.booleans()),
+                min_size=1, max_size=40, unique_by=lambda r: r[:3]))
+def test_truncated_steps_vectorised_equals_the_rule(rows: list[tuple]) -> None:
+    """The vectorised check names the same first/last steps, in the same order, as the rule per device."""
+    from tpuanalyze.analyzer.capture_health import _truncated_steps
+
+    steps = pd.DataFrame(
+        [{"host": h, "device_ordinal": d, "step_num": n, "start_ps": 100 * n, "duration_ps": dur,
+          "is_eval": ev} for h, d, n, dur, ev in rows],
+        columns=["host", "device_ordinal", "step_num", "start_ps", "duration_ps", "is_eval"])
+    expected = _truncated_reference(steps, 0.5)
+    got = _truncated_steps(steps, 0.5)
+    if not expected["first"] and not expected["last"]:
+        assert got == []
+    else:
+        assert (got[0]["first_steps"], got[0]["last_steps"]) == (expected["first"], expected["last"])

@@ -420,10 +420,14 @@ def test_file_symlink_loop_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("target", [":memory:", "md:x", "motherduck:db", "s3://bucket/x.duckdb"])
-def test_databases_that_are_not_local_files_are_refused(tmp_path: Path, target: str) -> None:
+def test_databases_that_are_not_local_files_are_refused(tmp_path: Path, target: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     result = run_cli("ingest", str(XSPACE), "--db", target)
     assert result.returncode == 2 and "not a database file" in result.stderr, result.stderr
     assert run_cli("sql", "SELECT 1", "--db", target).returncode == 2
+    # nothing written under the name either (a new database's template copy once made ':memory:' files)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_mlperf_lone_surrogate_escape_is_a_one_line_error(

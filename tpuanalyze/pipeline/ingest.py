@@ -25,10 +25,11 @@ from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 from tpuanalyze.parsers.discover import RunSource, discover_inputs
 from tpuanalyze.parsers.remote import is_url
 from tpuanalyze.parsers.staging import MAX_SPAN_NS
+from tpuanalyze.parsers.xspace import COMPILED_SHARE_EVENTS, COMPILED_SHARE_FILES
 from tpuanalyze.pipeline.executors import default_workers, make_executor
 from tpuanalyze.pipeline.progress import IngestProgress
 from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
-from tpuanalyze.pipeline.views import install_default_views
+from tpuanalyze.pipeline.views import install_default_views, seed_new_database
 from tpuanalyze.store.commit import RunToStore, check_layout, store_runs
 from tpuanalyze.store.database import connect
 from tpuanalyze.store.parts import make_hive, remove_tree
@@ -106,7 +107,8 @@ def ingest_paths(
             per_run = _split(probes, hosts)
             _check_host_offsets(sources, hosts, per_run)
             t0s = [_run_t0(run_probes) for run_probes in per_run]
-            loaded = _load_all(executor, hosts, t0s, staging, dataset is not None, bar)
+            compiled = _compiled_share(probes, summary.workers)
+            loaded = _load_all(executor, hosts, t0s, staging, dataset is not None, bar, compiled)
         runs = [
             RunToStore(
                 name=s.name,
@@ -335,6 +337,18 @@ def _check_host_offsets(
         )
 
 
+def _compiled_share(probes: list[Probe], workers: int) -> bool:
+    """Whether each worker process reads enough events (``COMPILED_SHARE_EVENTS``) in enough host
+    files (``COMPILED_SHARE_FILES``) for the compiled decoder to pay back loading it: decided per
+    process, not per file, for the many small hosts of a pod (64 hosts of 37K events are 2.4M
+    events for one process). A few large files keep the reader's own choice by file size: loading
+    numba adds ~120 MB of RSS, which a single file's memory budget has no room for. Unknown worker
+    count (a caller's executor, ``workers`` 0): the reader's choice."""
+    if workers < 1 or len(probes) < COMPILED_SHARE_FILES * workers:
+        return False
+    return sum(p.num_events for p in probes) / workers >= COMPILED_SHARE_EVENTS
+
+
 def _load_all(
     executor: Executor,
     hosts: list[list[HostInput]],
@@ -342,11 +356,12 @@ def _load_all(
     staging: Path,
     hive_events: bool,
     bar: IngestProgress,
+    compiled: bool = False,
 ) -> list[list[Loaded]]:
     tasks: list[LoadTask] = []
     for run_index, (run_hosts, t0) in enumerate(zip(hosts, t0s, strict=True)):
         run_staging = str(staging / f"run-{run_index}")
-        tasks.extend(LoadTask(item, t0, run_staging, hive_events) for item in run_hosts)
+        tasks.extend(LoadTask(item, t0, run_staging, hive_events, compiled=compiled) for item in run_hosts)
     bar.phase("loading", len(tasks))
     results = _map(executor, load_host, tasks, [t.input for t in tasks], bar,
                    lambda result: result.parts.events if result.parts else 0)
@@ -363,7 +378,8 @@ def _commit(
 ) -> None:
     """One connection for the load and the views: the write lock is held from the first statement
     to the last, so no other process can slip in between (and make an ingest that committed fail
-    on its views)."""
+    on its views). A new database starts as a copy of the empty template (schema and views)."""
+    seed_new_database(db_path)
     con = connect(db_path)
     try:
         layout = check_layout(con, db_path, Path(parquet) if parquet is not None else None)

@@ -62,6 +62,7 @@ class LoadTask:
     staging: str
     hive_events: bool = False
     compact: bool = False  # the parts travel (from a cluster's worker): smallest files
+    compiled: bool = False  # this process reads enough events for the compiled decoder
 
 
 @dataclass
@@ -116,6 +117,9 @@ def load_host(task: LoadTask) -> Loaded:
     try:
         with local_input(task.input.path) as local:  # a URL: a local copy while it is read
             reader = _kept.pop(task.input.path, None) or _open(task.input, local if url else None)
+            use_compiled = getattr(reader, "use_compiled", None)
+            if task.compiled and use_compiled:
+                use_compiled()
             parts = write_host_parts(reader, task.run_t0_ns, task.staging, task.hive_events, task.compact)
     except (TpuAnalyzeError, OSError) as exc:
         return Loaded(error=_error(exc, task.input))

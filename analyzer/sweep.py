@@ -1,0 +1,258 @@
+"""The boundary sweep of stage ``att_elementary`` in numpy: running counters as cumulative sums over
+the sorted start/end points of a batch.
+
+attribution.sql states the sweep in SQL (a window of two packed HUGEINT running sums over every op
+boundary), and that text stays the definition: the persistent ``att_elementary`` view runs it. On a pod
+that window was the analysis's largest cost (~4.5 CPU s per million events), so ``materialize_run`` and
+``materialize_per_host`` build the stage here instead: the same rows, columns and types from the stage
+``att_intervals``, at a tenth of the CPU. DuckDB still sorts the points (under its memory limit).
+
+Equality with the SQL is checked on every capture and on hypothesis-built intervals (tests/test_sweep.py).
+Where the SQL's packed counters would be wrong this is not: more than 16,383 ops of one category active
+at once on a device overflow into the next field there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+# TPUANALYZE_SWEEP=sql runs the stage's SQL instead (tests compare the two).
+# att_intervals' categories, as the SQL's cat_bit numbers them
+_CATEGORIES = ("eval", "weight_update", "compute", "collectives", "input", "output", "step",
+               "container", "memory_transfer")
+_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "send/recv")
+# the elementary interval's category, by precedence (the SQL's CASE), code = index
+_OUT = ("eval", "weight_update", "compute", "collectives", "memory_transfer", "input", "output", "idle")
+_KIND_COLUMNS = ("ar", "ag", "rs", "a2a", "cp", "sr")
+
+
+def sweep_in_sql() -> bool:
+    """Whether TPUANALYZE_SWEEP asks for the stage's SQL instead of the numpy sweep."""
+    return os.environ.get("TPUANALYZE_SWEEP", "").strip().lower() == "sql"
+
+
+def numpy_elementary(con: duckdb.DuckDBPyConnection, intervals: str, steps: str,
+                        target: str) -> None:
+    """Create TEMP TABLE ``target`` with att_elementary's rows, from the relations ``intervals``
+    (att_intervals) and ``steps`` (att_steps), by the numpy sweep."""
+    cat_case = " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(_CATEGORIES))
+    kind_case = " ".join(f"WHEN '{k}' THEN {i}" for i, k in enumerate(_KINDS))
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {target}_devs AS "
+                f"SELECT run_id, host, device, (row_number() OVER (ORDER BY run_id, host, device) - 1)"
+                f"::INTEGER AS dev_id FROM (SELECT DISTINCT run_id, host, device FROM {intervals})")
+    # every interval is a +1 at its start and a -1 at its end, sorted by (device, time) in DuckDB (under
+    # its memory limit); a point's category, kind and sign packed into one byte (_END, below); a
+    # category the sweep does not know (the SQL's NULL cat_bit) makes boundaries but counts nowhere
+    points = con.execute(
+        f"WITH iv AS (SELECT d.dev_id, coalesce(CASE i.category {cat_case} END, 15) * 8 "
+        f"+ coalesce(CASE i.kind {kind_case} END, 7) AS code, i.start_ps, i.end_ps "
+        f"FROM {intervals} i JOIN {target}_devs d ON {_same_device('i')}) "
+        f"SELECT dev_id, ts, code::UTINYINT AS code FROM (SELECT dev_id, start_ps AS ts, code FROM iv "
+        f"UNION ALL SELECT dev_id, end_ps, code + 128 FROM iv) ORDER BY dev_id, ts").fetchnumpy()
+    st = con.execute(
+        f"SELECT d.dev_id, s.start_ps, max(s.end_ps) AS end_ps FROM {steps} s "
+        # the steps of a NULL device are nobody's (the SQL's ASOF join matches devices by equality)
+        f"JOIN {target}_devs d USING (run_id, host, device) GROUP BY ALL "
+        f"ORDER BY d.dev_id, s.start_ps").fetchnumpy()
+    n_dev = int(con.execute(f"SELECT count(*) FROM {target}_devs").fetchall()[0][0])
+    p_dev = _np(points.pop("dev_id"), np.int32)
+    p_ts = _np(points.pop("ts"), np.int64)
+    p_code = _np(points.pop("code"), np.uint8)
+    del points
+    o_dev, o_ts, o_len, o_cat, o_flags = _sweep(p_dev, p_ts, p_code)
+    del p_dev, p_ts, p_code
+    o_step, o_has_step = _steps(o_dev, o_ts, (o_flags & _IN_STEP) > 0, n_dev, _np(st["dev_id"], np.int32),
+                                _np(st["start_ps"], np.int64), _np(st["end_ps"], np.int64))
+    columns: dict[str, Any] = {
+        "dev_id": o_dev, "ts": o_ts, "len_ps": o_len,
+        "category": pa.DictionaryArray.from_arrays(pa.array(o_cat), pa.array(_OUT)),
+        "collective_overlapped": (o_flags & _OVERLAPPED) > 0,
+        "in_step": (o_flags & _IN_STEP) > 0,
+    }
+    for bit, name in enumerate(_KIND_COLUMNS):
+        columns[name] = (o_flags & (_KIND0 << bit)) > 0
+    columns["step_start"] = pa.array(o_step, mask=~o_has_step)
+    arrow_name = f"{target}_arrow"
+    con.register(arrow_name, pa.table(columns))
+    try:
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {target} AS SELECT d.run_id, d.host, d.device, x.ts, x.len_ps, "
+            f"x.category::VARCHAR AS category, x.collective_overlapped, x.in_step, "
+            f"{', '.join(f'x.{c}' for c in _KIND_COLUMNS)}, x.step_start "
+            f"FROM {arrow_name} x JOIN {target}_devs d USING (dev_id)")
+    finally:
+        con.unregister(arrow_name)
+        con.execute(f"DROP TABLE IF EXISTS {target}_devs")
+
+
+# a point's code (one byte): bit 7 set = an end (-1), bits 3-6 the category (_CATEGORIES; 15 = none),
+# bits 0-2 the collective kind (_KINDS; 7 = none)
+_END, _NO_KIND = 128, 7
+# category number -> elementary category code (_OUT), lowest precedence first: each overrides the ones
+# before it where its counter is positive (container ops count as compute where nothing else runs)
+_PRECEDENCE = ((7, 2), (5, 6), (4, 5), (8, 4), (3, 3), (2, 2), (1, 1), (0, 0))
+_STEP, _COLLECTIVES, _WEIGHT_UPDATE, _COMPUTE, _EVAL = 6, 3, 1, 2, 0
+# flag bits of an elementary interval
+_OVERLAPPED, _IN_STEP, _KIND0 = 1, 2, 4
+
+
+def _sweep(dev: np.ndarray, ts: np.ndarray, code: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Elementary intervals of points sorted by (device, time): each device's consecutive distinct times
+    [t, next t) with the category and flags of the counters after every point at t. A counter is the
+    cumulative sum of its +1/-1 points; every interval ends on its own device, so the sums are back at
+    zero where a device ends and one global cumulative sum serves every device."""
+    n = len(ts)
+    if n == 0:
+        empty = np.empty(0, np.int64)
+        return (empty.astype(np.int32), empty, empty, empty.astype(np.int8), empty.astype(np.uint8))
+    same_dev = dev[1:] == dev[:-1]
+    # the last point at each (device, time) opens an interval when its device has a later point
+    opens = np.flatnonzero(same_dev & (ts[1:] != ts[:-1]))
+    sign = np.where(code >= _END, np.int8(-1), np.int8(1))
+    cat = (code & 127) >> 3
+    kind = code & 7
+
+    def active(mask: np.ndarray) -> np.ndarray:
+        return np.cumsum(np.where(mask, sign, np.int8(0)), dtype=np.int32)[opens] > 0
+
+    out = np.full(len(opens), 7, np.int8)  # idle
+    act: dict[int, np.ndarray] = {}
+    for number, out_code in _PRECEDENCE:
+        act[number] = active(cat == number)
+        out[act[number]] = out_code
+    flags = np.where(act[_COLLECTIVES] & (act[_WEIGHT_UPDATE] | act[_COMPUTE]) & ~act[_EVAL],
+                     np.uint8(_OVERLAPPED), np.uint8(0))
+    flags |= np.where(active(cat == _STEP), np.uint8(_IN_STEP), np.uint8(0))
+    for bit in range(len(_KINDS)):
+        flags |= np.where(active(kind == bit), np.uint8(_KIND0 << bit), np.uint8(0))
+    return dev[opens], ts[opens], ts[opens + 1] - ts[opens], out, flags
+
+
+def _steps(dev: np.ndarray, ts: np.ndarray, in_step: np.ndarray, n_dev: int, s_dev: np.ndarray,
+           s_start: np.ndarray, s_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The step each interval lies in: the device's latest step start <= ts (the SQL's ASOF join), if
+    the interval is inside a step span and before that step's end; steps sorted by (device, start)."""
+    step = np.zeros(len(ts), np.int64)
+    has = np.zeros(len(ts), bool)
+    bounds = np.searchsorted(dev, np.arange(n_dev + 1))
+    s_bounds = np.searchsorted(s_dev, np.arange(n_dev + 1))
+    for d in range(n_dev):
+        a, b = bounds[d], bounds[d + 1]
+        lo, hi = s_bounds[d], s_bounds[d + 1]
+        if a == b or lo == hi:
+            continue
+        j = np.searchsorted(s_start[lo:hi], ts[a:b], side="right") - 1
+        ok = (j >= 0) & in_step[a:b]
+        j = np.maximum(j, 0) + lo
+        ok &= ts[a:b] < s_end[j]
+        step[a:b] = np.where(ok, s_start[j], 0)
+        has[a:b] = ok
+    return step, has
+
+
+def _same_device(alias: str) -> str:
+    """A join of ``alias``'s rows to the batch's devices ``d``: a NULL device is a device too (the SQL
+    keys devices by hash(run_id, host, device), which does not drop NULLs)."""
+    return (f"d.run_id = {alias}.run_id AND d.host = {alias}.host "
+            f"AND d.device IS NOT DISTINCT FROM {alias}.device")
+
+
+def _np(column: Any, dtype: Any) -> np.ndarray:
+    """A non-null fetched column as a contiguous numpy array of ``dtype``."""
+    return np.ascontiguousarray(np.asarray(column), dtype=dtype)
+
+
+# the columns of stage op_steps, in its order (attribution.sql)
+_OP_STEPS_COLUMNS = ("run_id, host, device AS device_ordinal, short_name, name, category, collective_kind, "
+                     "hlo_category, hlo_module, tf_op, shape, flops, bytes_accessed, start_ps, duration_ps, "
+                     "line, is_container")
+
+
+class OpSteps:
+    """Stage op_steps' rows for a batch without its window: the step each op starts in found by numpy
+    (the device's latest step start <= the op's start, if the op starts before that step ends: the
+    stage's ASOF rule, a step's start before an op starting at the same instant), joined back to the op
+    rows by position. Use as a context manager: ``sql`` is valid inside it (an Arrow table registered on
+    the connection)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, att_ops: str, step_breakdown: str,
+                 name: str) -> None:
+        self._con, self._name = con, name
+        key = "hash(run_id::BIGINT, host, {device}::BIGINT)"
+        ops = con.execute(f"SELECT rowid AS i, {key.format(device='device')} AS k, start_ps "
+                          f"FROM {att_ops}").fetchnumpy()
+        steps = con.execute(f"SELECT {key.format(device='device_ordinal')} AS k, start_ps, duration_ps, "
+                            f"step_num, is_eval FROM {step_breakdown} WHERE device_ordinal IS NOT NULL "
+                            f"ORDER BY k, start_ps").fetchnumpy()
+        n = len(ops["i"])
+        found = _latest_steps(_np(ops["k"], np.uint64), _np(ops["start_ps"], np.int64),
+                              _np(steps["k"], np.uint64), _np(steps["start_ps"], np.int64),
+                              _np(steps["duration_ps"], np.int64))
+        at = np.empty(n, np.int64)  # the step row of each op, in the table's row order (-1: none)
+        at[_np(ops["i"], np.int64)] = found
+        none = at < 0
+        pick = np.maximum(at, 0)
+
+        def column(values: Any, kind: pa.DataType, fill: Any) -> pa.Array:
+            if not len(values):
+                return pa.nulls(n, kind)
+            taken = np.asarray(_filled(values, fill))[pick]
+            return pa.array(taken, type=kind, mask=none | _null_mask(values)[pick])
+
+        self._table = pa.table({
+            "step_num": column(steps["step_num"], pa.int64(), 0),
+            "step_start": column(steps["start_ps"], pa.int64(), 0),
+            "step_is_eval": column(steps["is_eval"], pa.bool_(), False),
+        })
+        self.sql = (f"SELECT {_OP_STEPS_COLUMNS}, k.step_num, k.step_start, k.step_is_eval "
+                    f"FROM {att_ops} POSITIONAL JOIN {name} k")
+
+    def __enter__(self) -> OpSteps:
+        self._con.register(self._name, self._table)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._con.unregister(self._name)
+
+
+def _latest_steps(op_key: np.ndarray, op_ts: np.ndarray, s_key: np.ndarray, s_start: np.ndarray,
+                  s_duration: np.ndarray) -> np.ndarray:
+    """For each op, the index of its device's step with the latest start <= the op's start, or -1 when
+    there is none or the op starts at or after that step's end; steps sorted by (key, start)."""
+    out = np.full(len(op_ts), -1, np.int64)
+    if not len(op_ts) or not len(s_start):
+        return out
+    order = np.lexsort((op_ts, op_key))
+    keys, ts = op_key[order], op_ts[order]
+    dev_keys, first = np.unique(s_key, return_index=True)
+    last = np.append(first[1:], len(s_key))
+    op_bounds = np.searchsorted(keys, dev_keys, side="left"), np.searchsorted(keys, dev_keys, side="right")
+    found = np.full(len(ts), -1, np.int64)
+    for d in range(len(dev_keys)):
+        a, b = op_bounds[0][d], op_bounds[1][d]
+        if a == b:
+            continue
+        lo, hi = first[d], last[d]
+        j = np.searchsorted(s_start[lo:hi], ts[a:b], side="right") - 1 + lo
+        ok = j >= lo
+        jj = np.maximum(j, lo)
+        ok &= ts[a:b] < s_start[jj] + s_duration[jj]
+        found[a:b] = np.where(ok, jj, -1)
+    out[order] = found
+    return out
+
+
+def _null_mask(column: Any) -> np.ndarray:
+    """Where a fetched column is NULL (fetchnumpy gives masked arrays for columns with NULLs)."""
+    mask = np.ma.getmaskarray(column) if isinstance(column, np.ma.MaskedArray) else None
+    return mask if mask is not None else np.zeros(len(column), bool)
+
+
+def _filled(column: Any, fill: Any = 0) -> np.ndarray:
+    """A fetched column with its NULLs replaced by ``fill`` (their masks kept apart, _null_mask)."""
+    return column.filled(fill) if isinstance(column, np.ma.MaskedArray) else np.asarray(column)
