@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,6 +241,13 @@ def _write_in_worker(job: tuple[int, int]) -> HostResult:
     return _WRITER.write(*job)
 
 
+def _worker_started() -> None:
+    """A forked writer leaves Ctrl-C and SIGTERM to the main process: the pool stops its workers with
+    SIGTERM, and the CLI's handler they inherit would print a traceback from each."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def write_hosts(writer: HostWriter, hosts: list[int], workers: int | None = None) -> Iterator[HostResult]:
     """Write every sampled host, in order; in forked worker processes when there are many."""
     if workers is None:
@@ -252,7 +260,7 @@ def write_hosts(writer: HostWriter, hosts: list[int], workers: int | None = None
     global _WRITER
     _WRITER = writer
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_started) as pool:
             yield from pool.imap(_write_in_worker, jobs, chunksize=4)
     finally:
         _WRITER = None
