@@ -54,6 +54,24 @@ def analysis_job(exe: str, db: Path, out: Path) -> dict:
     return job
 
 
+def json_differences(a: object, b: object, path: str = "") -> list[str]:
+    """Where two report JSONs differ, floats to 1e-9 relative (parallel sums differ in the last digits
+    from run to run) and the header's tool version aside."""
+    import math
+
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = (set(a) | set(b)) - {"tool_version"}
+        return [d for k in sorted(keys) for d in json_differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} vs {len(b)} items"]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True))
+                for d in json_differences(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, float):
+        return [] if math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) else [f"{path}: {a} vs {b}"]
+    return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
+
+
 def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
     """Wall and CPU seconds and peak RSS (MB) of one child process, measured alone (os.wait4)."""
     start = time.perf_counter()
@@ -116,7 +134,9 @@ def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool, baseline: s
         if baseline and hosts <= baseline_max_hosts:
             print(f"[{hosts} hosts] report DB with the baseline build ...", flush=True)
             row["baseline_analysis"] = analysis_job(baseline, db, Path(tmp) / "baseline.json")
-            row["same_json_as_baseline"] = row["baseline_analysis"].pop("json") == document
+            differences = json_differences(row["baseline_analysis"].pop("json"), document)
+            row["same_json_as_baseline"] = not differences
+            row["json_differences"] = differences[:20]
         if xprof and Path(XPROF_PYTHON).exists():
             links = Path(tmp) / "xprof"
             links.mkdir()
