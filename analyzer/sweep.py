@@ -19,7 +19,6 @@ from typing import Any
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
 # TPUANALYZE_SWEEP=sql runs the stage's SQL instead (tests compare the two).
 # att_intervals' categories, as the SQL's cat_bit numbers them
@@ -40,6 +39,8 @@ def numpy_elementary(con: duckdb.DuckDBPyConnection, intervals: str, steps: str,
                         target: str) -> None:
     """Create TEMP TABLE ``target`` with att_elementary's rows, from the relations ``intervals``
     (att_intervals) and ``steps`` (att_steps), by the numpy sweep."""
+    import pyarrow as pa  # (here, not at the top: ingest imports this module's neighbours, never Arrow)
+
     cat_case = " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(_CATEGORIES))
     kind_case = " ".join(f"WHEN '{k}' THEN {i}" for i, k in enumerate(_KINDS))
     con.execute(f"CREATE OR REPLACE TEMP TABLE {target}_devs AS "
@@ -198,7 +199,9 @@ class OpSteps:
         none = at < 0
         pick = np.maximum(at, 0)
 
-        def column(values: Any, kind: pa.DataType, fill: Any) -> pa.Array:
+        import pyarrow as pa
+
+        def column(values: Any, kind: Any, fill: Any) -> Any:
             if not len(values):
                 return pa.nulls(n, kind)
             taken = np.asarray(_filled(values, fill))[pick]

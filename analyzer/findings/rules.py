@@ -415,9 +415,11 @@ def data_parallel_limit(c: Ctx) -> list[dict]:
     th = c.t["data_parallel_limit"]  # catalog §3.1, §3.13
     sql = (f"WITH peaks AS (SELECT host, device_ordinal, max(peak_tflops) * 1e12 AS peak_flops FROM planes\n"
            f"               WHERE run_id = {c.run_id} AND device_ordinal IS NOT NULL GROUP BY ALL)\n"
-           f"SELECT mode(TRY_CAST(nullif(regexp_extract(coalesce(o.shape, o.name), "
-           f"'[a-z0-9]+\\[(\\d+)', 1), '')\n"
-           f"            AS DOUBLE)) FILTER (WHERE o.category = 'input') AS per_core_batch,\n"
+           # (CASE, not FILTER: DuckDB evaluates an aggregate's argument on every row before its FILTER,
+           # and the regex over every op's shape was most of this query's time on a pod)
+           f"SELECT mode(CASE WHEN o.category = 'input' THEN TRY_CAST(nullif(regexp_extract("
+           f"coalesce(o.shape, o.name), '[a-z0-9]+\\[(\\d+)', 1), '')\n"
+           f"            AS DOUBLE) END) AS per_core_batch,\n"
            f"       count(*) FILTER (WHERE o.collective_kind = 'collective-permute') > 0 AS partitioned,\n"
            f"       sum(o.flops) FILTER (WHERE NOT o.is_container)\n"
            f"         / nullif(sum(o.duration_ps * p.peak_flops) FILTER (WHERE NOT o.is_container\n"
