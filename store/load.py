@@ -325,55 +325,43 @@ def _typed_columns(stats: Columns, n: int) -> tuple[Columns, np.ndarray]:
     return columns, ~typed_rows
 
 
-def _batch_tables(
-    batch: EventBatch, plane_index: int, first_index: int, serial: int
-) -> tuple[Columns, Columns | None, Columns | None]:
-    """An event batch's ``event_rows`` columns (with step_num/group_id), its ``event_details``
-    columns (None when no event has details) and the stats left for their JSON (None if none).
-
-    Typed columns come from numpy (``_typed_columns``); the JSON of the other stats is built in
-    SQL (``_Details``), for many batches at once: the details rows and those stats carry the
-    events' host-wide ``serial`` numbers (``serial`` is the batch's first). (One SQL aggregate
-    doing both cost ~10 ms of planning per batch: ingesting 256 small generated hosts took 1.7x longer.)
-    """
-    return _merged_tables([(batch, plane_index, first_index, serial)])
-
-
 def _merged_tables(
     items: list[tuple[EventBatch, int, int, int]]
 ) -> tuple[Columns, Columns | None, Columns | None]:
-    """``_batch_tables`` of consecutive batches (batch, plane_index, its first event's index in its
-    plane, its first serial; serials contiguous) at once: the rows are those of each batch in
-    turn. Why: a pod host's ~20 planes of ~2K events each paid the ~30 numpy calls of the typed
-    columns apiece; gathered, a host pays them once or twice."""
+    """The ``event_rows`` columns (with step_num/group_id) of consecutive event batches (batch,
+    plane_index, its first event's index in its plane, its first serial; serials contiguous), their
+    ``event_details`` columns (None when no event has details) and the stats left for their JSON
+    (None if none); the rows are those of each batch in turn.
+
+    Typed columns come from numpy (``_typed_columns``); the JSON of the other stats is built in
+    SQL (``_Details``), for many batches at once: the details rows and those stats carry the
+    events' host-wide ``serial`` numbers (``serial`` is the first batch's first). (One SQL aggregate
+    doing both cost ~10 ms of planning per batch: ingesting 256 small generated hosts took 1.7x longer.)
+    Batches go together because a pod host's ~20 planes of ~2K events each paid the ~30 numpy calls
+    of the typed columns apiece; gathered, a host pays them once or twice."""
     serial = items[0][3]
-    if len(items) == 1:
-        batch, plane_index, first_index, _ = items[0]
+    pieces = []
+    stat_pieces = []
+    offset = 0
+    for batch, plane_index, first_index, _ in items:
         n = batch.num_rows
-        columns = batch.columns()
-        columns["event_index"] = columns.pop("row") + first_index
-        columns["plane_index"] = np.full(n, plane_index, dtype=np.int32)
-        stats = batch.stats.columns() if batch.stats is not None and len(batch.stats) else None
-    else:
-        pieces = []
-        stat_pieces = []
-        offset = 0
-        for batch, plane_index, first_index, _ in items:
-            n = batch.num_rows
-            piece = batch.columns()
-            piece["event_index"] = piece.pop("row") + first_index
-            piece["plane_index"] = np.full(n, plane_index, dtype=np.int32)
-            pieces.append(piece)
-            if batch.stats is not None and len(batch.stats):
-                stat_piece = batch.stats.columns()
+        piece = batch.columns()
+        piece["event_index"] = piece.pop("row") + first_index
+        piece["plane_index"] = np.full(n, plane_index, dtype=np.int32)
+        pieces.append(piece)
+        if batch.stats is not None and len(batch.stats):
+            stat_piece = batch.stats.columns()
+            if offset:
                 stat_piece["owner"] = stat_piece["owner"] + offset
-                stat_pieces.append(stat_piece)
-            offset += n
-        columns = _concat(pieces)
-        stats = None
-        if stat_pieces:
-            stats = _concat(stat_pieces)
-            stats["seq"] = np.arange(len(stats["owner"]), dtype=np.int64)
+            stat_pieces.append(stat_piece)
+        offset += n
+    columns = pieces[0] if len(pieces) == 1 else _concat(pieces)
+    stats = None
+    if len(items) == 1:  # one batch: its stats as they are
+        stats = stat_pieces[0] if stat_pieces else None
+    elif stat_pieces:
+        stats = _concat(stat_pieces)
+        stats["seq"] = np.arange(len(stats["owner"]), dtype=np.int64)
     n = len(columns["event_index"])
     if stats is None:
         for column, _ in ROW_TYPED:
