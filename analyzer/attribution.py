@@ -82,7 +82,7 @@ def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, 
     return subs
 
 
-def compiled_stage(con: duckdb.DuckDBPyConnection, name: str, relation: dict[str, str],
+def stage_without_sql(con: duckdb.DuckDBPyConnection, name: str, relation: dict[str, str],
                    table: str) -> bool:
     """Create stage ``name`` as TEMP TABLE ``table`` without its SQL where an equivalent outside SQL
     exists (att_elementary: the numpy sweep, analyzer/sweep.py); False if the SQL must run."""
@@ -105,7 +105,7 @@ def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[st
         # op_steps is one row per op: a view (filters push into it) rather than a copy of every op
         kind = "VIEW" if name in LAZY_STAGES else "TABLE"
         try:
-            if not compiled_stage(con, name, relation, table):
+            if not stage_without_sql(con, name, relation, table):
                 con.execute(f"CREATE OR REPLACE TEMP {kind} {table} AS {sql}").fetchall()
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage {name} failed: {exc}") from exc

@@ -30,9 +30,9 @@ import duckdb
 from tpuanalyze.analyzer.attribution import (
     RUN_FLAGS,
     _substitutions,
-    compiled_stage,
     load_stages,
     run_flags,
+    stage_without_sql,
 )
 from tpuanalyze.analyzer.classify import sql_literal
 from tpuanalyze.analyzer.sweep import OpSteps, sweep_in_sql
@@ -183,7 +183,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             if name == "att_programs":
                 run("VIEW", table, f"SELECT * FROM {prefix}att_programs WHERE host "
                     f"BETWEEN {sql_literal(host[0])} AND {sql_literal(host[1])}", name)
-            elif not compiled_stage(con, name, rel, table):
+            elif not stage_without_sql(con, name, rel, table):
                 run(LOCAL_KIND.get(name, "TABLE"), table, sql(name, rel, host), name)
             rel[name] = table
             if name in KEPT_STAGES and name != "att_programs":

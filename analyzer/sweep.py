@@ -50,25 +50,26 @@ def numpy_elementary(con: duckdb.DuckDBPyConnection, intervals: str, steps: str,
     # its memory limit); a point's category, kind and sign packed into one byte (_END, below); a
     # category the sweep does not know (the SQL's NULL cat_bit) makes boundaries but counts nowhere
     points = con.execute(
-        f"WITH iv AS (SELECT d.dev_id, coalesce(CASE i.category {cat_case} END, 15) * 8 "
-        f"+ coalesce(CASE i.kind {kind_case} END, 7) AS code, i.start_ps, i.end_ps "
+        f"WITH iv AS (SELECT d.dev_id, coalesce(CASE i.category {cat_case} END, {_NO_CATEGORY}) * 8 "
+        f"+ coalesce(CASE i.kind {kind_case} END, {_NO_KIND}) AS code, i.start_ps, i.end_ps "
         f"FROM {intervals} i JOIN {target}_devs d ON {_same_device('i')}) "
         f"SELECT dev_id, ts, code::UTINYINT AS code FROM (SELECT dev_id, start_ps AS ts, code FROM iv "
-        f"UNION ALL SELECT dev_id, end_ps, code + 128 FROM iv) ORDER BY dev_id, ts").fetchnumpy()
+        f"UNION ALL SELECT dev_id, end_ps, code + {_END} FROM iv) ORDER BY dev_id, ts").fetchnumpy()
     st = con.execute(
         f"SELECT d.dev_id, s.start_ps, max(s.end_ps) AS end_ps FROM {steps} s "
         # the steps of a NULL device are nobody's (the SQL's ASOF join matches devices by equality)
         f"JOIN {target}_devs d USING (run_id, host, device) GROUP BY ALL "
         f"ORDER BY d.dev_id, s.start_ps").fetchnumpy()
-    n_dev = int(con.execute(f"SELECT count(*) FROM {target}_devs").fetchall()[0][0])
     p_dev = _np(points.pop("dev_id"), np.int32)
     p_ts = _np(points.pop("ts"), np.int64)
     p_code = _np(points.pop("code"), np.uint8)
     del points
     o_dev, o_ts, o_len, o_cat, o_flags = _sweep(p_dev, p_ts, p_code)
     del p_dev, p_ts, p_code
-    o_step, o_has_step = _steps(o_dev, o_ts, (o_flags & _IN_STEP) > 0, n_dev, _np(st["dev_id"], np.int32),
-                                _np(st["start_ps"], np.int64), _np(st["end_ps"], np.int64))
+    s_start = _np(st["start_ps"], np.int64)
+    step = _latest_step(o_dev, o_ts, _np(st["dev_id"], np.int32), s_start, _np(st["end_ps"], np.int64))
+    o_has_step = (step >= 0) & ((o_flags & _IN_STEP) > 0)  # the step of an interval inside a step span
+    o_step = np.where(o_has_step, s_start[np.maximum(step, 0)] if len(s_start) else 0, 0)
     columns: dict[str, Any] = {
         "dev_id": o_dev, "ts": o_ts, "len_ps": o_len,
         "category": pa.DictionaryArray.from_arrays(pa.array(o_cat), pa.array(_OUT)),
@@ -93,7 +94,7 @@ def numpy_elementary(con: duckdb.DuckDBPyConnection, intervals: str, steps: str,
 
 # a point's code (one byte): bit 7 set = an end (-1), bits 3-6 the category (_CATEGORIES; 15 = none),
 # bits 0-2 the collective kind (_KINDS; 7 = none)
-_END, _NO_KIND = 128, 7
+_END, _NO_CATEGORY, _NO_KIND = 128, 15, 7
 # category number -> elementary category code (_OUT), lowest precedence first: each overrides the ones
 # before it where its counter is positive (container ops count as compute where nothing else runs)
 _PRECEDENCE = ((7, 2), (5, 6), (4, 5), (8, 4), (3, 3), (2, 2), (1, 1), (0, 0))
@@ -134,26 +135,28 @@ def _sweep(dev: np.ndarray, ts: np.ndarray, code: np.ndarray) -> tuple[np.ndarra
     return dev[opens], ts[opens], ts[opens + 1] - ts[opens], out, flags
 
 
-def _steps(dev: np.ndarray, ts: np.ndarray, in_step: np.ndarray, n_dev: int, s_dev: np.ndarray,
-           s_start: np.ndarray, s_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The step each interval lies in: the device's latest step start <= ts (the SQL's ASOF join), if
-    the interval is inside a step span and before that step's end; steps sorted by (device, start)."""
-    step = np.zeros(len(ts), np.int64)
-    has = np.zeros(len(ts), bool)
-    bounds = np.searchsorted(dev, np.arange(n_dev + 1))
-    s_bounds = np.searchsorted(s_dev, np.arange(n_dev + 1))
-    for d in range(n_dev):
-        a, b = bounds[d], bounds[d + 1]
-        lo, hi = s_bounds[d], s_bounds[d + 1]
-        if a == b or lo == hi:
+def _latest_step(dev: np.ndarray, ts: np.ndarray, s_dev: np.ndarray, s_start: np.ndarray,
+                 s_end: np.ndarray) -> np.ndarray:
+    """For each point, the index of its device's step with the latest start <= its time (the SQL's
+    ASOF rule: a step's start counts for a point at the same instant), or -1 when there is none or
+    the point is at or after that step's end. Points grouped by device, steps sorted by (device,
+    start); a device is any sortable integer (a dense id or a hash key)."""
+    found = np.full(len(ts), -1, np.int64)
+    if not len(ts) or not len(s_start):
+        return found
+    devices, first = np.unique(s_dev, return_index=True)
+    last = np.append(first[1:], len(s_dev))
+    point_lo = np.searchsorted(dev, devices, side="left")
+    point_hi = np.searchsorted(dev, devices, side="right")
+    for d in range(len(devices)):
+        a, b = point_lo[d], point_hi[d]
+        if a == b:
             continue
-        j = np.searchsorted(s_start[lo:hi], ts[a:b], side="right") - 1
-        ok = (j >= 0) & in_step[a:b]
-        j = np.maximum(j, 0) + lo
-        ok &= ts[a:b] < s_end[j]
-        step[a:b] = np.where(ok, s_start[j], 0)
-        has[a:b] = ok
-    return step, has
+        lo, hi = first[d], last[d]
+        j = np.searchsorted(s_start[lo:hi], ts[a:b], side="right") - 1 + lo
+        at = np.maximum(j, lo)
+        found[a:b] = np.where((j >= lo) & (ts[a:b] < s_end[at]), at, -1)
+    return found
 
 
 def _same_device(alias: str) -> str:
@@ -191,9 +194,13 @@ class OpSteps:
                             f"step_num, is_eval FROM {step_breakdown} WHERE device_ordinal IS NOT NULL "
                             f"ORDER BY k, start_ps").fetchnumpy()
         n = len(ops["i"])
-        found = _latest_steps(_np(ops["k"], np.uint64), _np(ops["start_ps"], np.int64),
-                              _np(steps["k"], np.uint64), _np(steps["start_ps"], np.int64),
-                              _np(steps["duration_ps"], np.int64))
+        op_key = _np(ops["k"], np.uint64)
+        order = np.argsort(op_key, kind="stable")  # the ops grouped by device
+        s_start = _np(steps["start_ps"], np.int64)
+        found = np.empty(n, np.int64)
+        found[order] = _latest_step(op_key[order], _np(ops["start_ps"], np.int64)[order],
+                                    _np(steps["k"], np.uint64), s_start,
+                                    s_start + _np(steps["duration_ps"], np.int64))
         at = np.empty(n, np.int64)  # the step row of each op, in the table's row order (-1: none)
         at[_np(ops["i"], np.int64)] = found
         none = at < 0
@@ -221,33 +228,6 @@ class OpSteps:
 
     def __exit__(self, *exc: object) -> None:
         self._con.unregister(self._name)
-
-
-def _latest_steps(op_key: np.ndarray, op_ts: np.ndarray, s_key: np.ndarray, s_start: np.ndarray,
-                  s_duration: np.ndarray) -> np.ndarray:
-    """For each op, the index of its device's step with the latest start <= the op's start, or -1 when
-    there is none or the op starts at or after that step's end; steps sorted by (key, start)."""
-    out = np.full(len(op_ts), -1, np.int64)
-    if not len(op_ts) or not len(s_start):
-        return out
-    order = np.lexsort((op_ts, op_key))
-    keys, ts = op_key[order], op_ts[order]
-    dev_keys, first = np.unique(s_key, return_index=True)
-    last = np.append(first[1:], len(s_key))
-    op_bounds = np.searchsorted(keys, dev_keys, side="left"), np.searchsorted(keys, dev_keys, side="right")
-    found = np.full(len(ts), -1, np.int64)
-    for d in range(len(dev_keys)):
-        a, b = op_bounds[0][d], op_bounds[1][d]
-        if a == b:
-            continue
-        lo, hi = first[d], last[d]
-        j = np.searchsorted(s_start[lo:hi], ts[a:b], side="right") - 1 + lo
-        ok = j >= lo
-        jj = np.maximum(j, lo)
-        ok &= ts[a:b] < s_start[jj] + s_duration[jj]
-        found[a:b] = np.where(ok, jj, -1)
-    out[order] = found
-    return out
 
 
 def _null_mask(column: Any) -> np.ndarray:
