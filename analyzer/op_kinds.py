@@ -29,14 +29,16 @@ from tpuanalyze.analyzer.classify import (
     wrapped_sql,
 )
 
-# An op's properties (its event metadata's, or its event's own typed stats) and its class: a kind.
+# An op's line, properties (its event metadata's, or its event's own typed stats) and class: a kind.
 PROPERTY_COLUMNS = ("short_name", "hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed")
 CLASS_COLUMNS = ("collective_kind", "category", "is_container", "wrapped", "host_transfer")
-# the kinds table: the stage's ``name`` (HLO text where shapes are read, else NULL), properties, class
-KIND_COLUMNS = ("name", *PROPERTY_COLUMNS, *CLASS_COLUMNS)
-# a narrow op row; category, collective kind and container flag copied from its kind, for the filters
-ROW_COLUMNS = ("run_id", "host", "device", "line", "kind_id", "start_ps", "duration_ps", "collective_kind",
-               "category", "is_container", "group_id", "correlation_id")
+# the kinds table: the op's line (a handful per run), the stage's ``name`` (HLO text where shapes are
+# read, else NULL), properties, class. Strings stay here: in the op rows even low-cardinality strings
+# cost more to write than all their numbers (64-host pod, scratch rows: 0.88 CPU s a batch vs 0.38)
+KIND_COLUMNS = ("line", "name", *PROPERTY_COLUMNS, *CLASS_COLUMNS)
+# a narrow op row (its collective kind copied from its kind: the stages filter on it)
+ROW_COLUMNS = ("run_id", "host", "device", "kind_id", "collective_kind", "start_ps", "duration_ps",
+               "group_id", "correlation_id")
 # stage att_ops' columns, in its order (attribution.sql)
 ATT_OPS_COLUMNS = ("run_id", "host", "device", "line", "name", "short_name", "hlo_category", "hlo_module",
                    "tf_op", "shape", "flops", "bytes_accessed", "start_ps", "duration_ps", "collective_kind",
@@ -45,8 +47,10 @@ ATT_OPS_COLUMNS = ("run_id", "host", "device", "line", "name", "short_name", "hl
 OP_STEPS_COLUMNS = ("run_id", "host", "device_ordinal", "short_name", "name", "category", "collective_kind",
                     "hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed", "start_ps",
                     "duration_ps", "line", "is_container", "step_num", "step_start", "step_is_eval")
-OP_STEPS_OWN = ("run_id", "host", "device_ordinal", "kind_id", "category", "collective_kind", "start_ps",
-                "duration_ps", "line", "is_container", "step_num", "step_start", "step_is_eval")
+# (collective_kind too: the findings' collective evidence SQL filters on it, and a batch's collectives
+# stored first fill row groups of their own, which the filter then skips the compute ops' by statistics)
+OP_STEPS_OWN = ("run_id", "host", "device_ordinal", "kind_id", "collective_kind", "start_ps", "duration_ps",
+                "step_num", "step_start", "step_is_eval")
 # the typed stats an event may hold itself (event_details) that make an op's properties its own
 _OWN_PROPERTIES = ("hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed")
 
@@ -128,14 +132,14 @@ class OpKinds:
         con.execute(f"""CREATE OR REPLACE TEMP TABLE {events} AS
 WITH op_lines AS (
     SELECT l.run_id, l.host, l.plane_index, l.line_index, p.device_ordinal AS device, l.name AS line,
-           CAST(dense_rank() OVER (ORDER BY l.host, l.plane_index) AS INTEGER) AS plane_key
+           CAST(dense_rank() OVER (ORDER BY l.host, l.plane_index, l.line_index) AS INTEGER) AS line_key
     FROM lines l JOIN planes p USING (run_id, host, plane_index)
     WHERE l.{run} AND {l_host} AND l.run_id IN (SELECT run_id FROM {subs['att_runs']})
       AND (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
       AND (l.name IN ('XLA Ops', 'Async XLA Ops') OR l.name LIKE 'Stream #%')
 )
-SELECT e.run_id, e.host, e.plane_index, o.plane_key, e.metadata_id,
-       CASE WHEN {own} THEN d.event_index END AS own_index, o.device, o.line, e.start_ps, e.duration_ps,
+SELECT e.run_id, e.host, e.plane_index, o.line_key, o.line, e.metadata_id,
+       CASE WHEN {own} THEN d.event_index END AS own_index, o.device, e.start_ps, e.duration_ps,
        e.group_id, d.correlation_id
 FROM event_rows e JOIN op_lines o USING (run_id, host, plane_index, line_index)
 LEFT JOIN {batch('event_details', 'd')} d
@@ -146,9 +150,9 @@ WHERE e.{run} AND {e_host} AND e.duration_ps > 0""")
         props = ", ".join(f"COALESCE(d.{c}, m.{c}) AS {c}" for c in _OWN_PROPERTIES)
         con.execute(f"""CREATE OR REPLACE TEMP TABLE {keys} AS
 WITH k AS (
-    SELECT DISTINCT run_id, host, plane_index, plane_key, metadata_id, own_index FROM {events}
+    SELECT DISTINCT run_id, host, plane_index, line_key, line, metadata_id, own_index FROM {events}
 )
-SELECT k.plane_key, k.metadata_id, k.own_index, COALESCE(m.name, '') AS full_name,
+SELECT k.line_key, k.line, k.metadata_id, k.own_index, COALESCE(m.name, '') AS full_name,
        coalesce(nullif(COALESCE(NULLIF(m.display_name, ''), m.name, ''), ''), COALESCE(m.name, ''))
            AS short_name,
        {props}, m.group_id AS metadata_group_id, m.correlation_id AS metadata_correlation_id
@@ -159,7 +163,7 @@ LEFT JOIN {batch('event_details', 'd')} d
   ON k.own_index IS NOT NULL AND d.run_id = k.run_id AND d.host = k.host AND d.plane_index = k.plane_index
  AND d.event_index = k.own_index""")
         # 3. each distinct combination of properties classified once (the stage's CTEs combos..classified)
-        properties = ("full_name", *PROPERTY_COLUMNS)
+        properties = ("line", "full_name", *PROPERTY_COLUMNS)
         con.execute(f"""CREATE OR REPLACE TEMP TABLE {classes} AS
 WITH combos AS (
     SELECT DISTINCT {', '.join(properties)}, full_name AS name FROM {keys}
@@ -170,7 +174,7 @@ WITH combos AS (
 ), classified AS (
     SELECT *, {subs['op_category']} AS category, {container_sql()} AS is_container FROM kinded
 )
-SELECT full_name, {', '.join(PROPERTY_COLUMNS)},
+SELECT line, full_name, {', '.join(PROPERTY_COLUMNS)},
        CASE WHEN category IN ('collectives', 'input') THEN name END AS name, {', '.join(CLASS_COLUMNS)}
 FROM classified""")
         try:
@@ -178,19 +182,19 @@ FROM classified""")
             # 4. the op rows keyed to their kinds; the async line only contributes collective spans
             con.execute(f"""CREATE OR REPLACE TEMP TABLE {rows} AS
 WITH keyed AS (
-    SELECT y.plane_key, y.metadata_id, y.own_index, y.metadata_group_id, y.metadata_correlation_id,
-           n.kind_id, n.collective_kind, n.category, n.is_container
+    SELECT y.line_key, y.metadata_id, y.own_index, y.metadata_group_id, y.metadata_correlation_id,
+           n.kind_id, n.line, n.collective_kind
     FROM {keys} y
     JOIN {classes} c ON {_same('y', 'c', properties)}
     JOIN {self.table} n ON {_same('n', 'c', KIND_COLUMNS)}
 )
-SELECT e.run_id, e.host, e.device, e.line, y.kind_id, e.start_ps, e.duration_ps, y.collective_kind,
-       y.category, y.is_container, coalesce(e.group_id, y.metadata_group_id) AS group_id,
+SELECT e.run_id, e.host, e.device, y.kind_id, y.collective_kind, e.start_ps, e.duration_ps,
+       coalesce(e.group_id, y.metadata_group_id) AS group_id,
        coalesce(e.correlation_id, y.metadata_correlation_id) AS correlation_id
 FROM {events} e JOIN keyed y
-  ON y.plane_key = e.plane_key AND y.metadata_id IS NOT DISTINCT FROM e.metadata_id
+  ON y.line_key = e.line_key AND y.metadata_id IS NOT DISTINCT FROM e.metadata_id
  AND y.own_index IS NOT DISTINCT FROM e.own_index
-WHERE e.line <> 'Async XLA Ops' OR y.collective_kind IS NOT NULL""")
+WHERE y.line <> 'Async XLA Ops' OR y.collective_kind IS NOT NULL""")
         finally:
             for table in (events, keys, classes):
                 con.execute(f"DROP TABLE IF EXISTS {table}")
@@ -207,8 +211,7 @@ def op_steps_select(rows: str, kinds: str, where: str = "") -> str:
 def kind_of_op_steps(stage_rows: str, kinds: str) -> str:
     """OP_STEPS_OWN of the stage op_steps' wide rows (TPUANALYZE_SWEEP=sql): each keyed to a kind with
     the same op_steps columns (kinds that differ only in columns op_steps lacks are alike here)."""
-    common = ("name", "short_name", "hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed",
-              "collective_kind", "category", "is_container")
+    common = tuple(c for c in KIND_COLUMNS if c in OP_STEPS_COLUMNS)
     cols = ", ".join("k.kind_id" if c == "kind_id" else f"w.{c}" for c in OP_STEPS_OWN)
     return (f"SELECT {cols} FROM ({stage_rows}) w JOIN (SELECT min(kind_id) AS kind_id, "
             f"{', '.join(common)} FROM {kinds} GROUP BY ALL) k ON {_same('k', 'w', common)}")
