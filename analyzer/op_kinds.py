@@ -118,7 +118,8 @@ class OpKinds:
     def _narrow_device_ops(self, subs: dict[str, str], local: str, rows: str) -> None:
         """The device branch of stage att_ops from the base tables (module docstring)."""
         con = self.con
-        events, keys, classes = f"{local}op_events", f"{local}op_keys", f"{local}op_classes"
+        lines, events = f"{local}op_lines", f"{local}op_events"
+        keys, classes = f"{local}op_keys", f"{local}op_classes"
         run = subs["run_filter"]
         e_host, l_host = subs["e_host"], subs["l_host"]
 
@@ -126,31 +127,31 @@ class OpKinds:
             return (f"(SELECT * FROM {table} {alias} WHERE {alias}.{run} "
                     f"AND {e_host.replace('e.host', f'{alias}.host')})")
 
+        # 1. the batch's op lines (a few per device), numbered: the events carry the number, not strings
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE {lines} AS
+SELECT l.run_id, l.host, l.plane_index, l.line_index, p.device_ordinal AS device, l.name AS line,
+       CAST(row_number() OVER (ORDER BY l.host, l.plane_index, l.line_index) AS INTEGER) AS line_key
+FROM lines l JOIN planes p USING (run_id, host, plane_index)
+WHERE l.{run} AND {l_host} AND l.run_id IN (SELECT run_id FROM {subs['att_runs']})
+  AND (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
+  AND (l.name IN ('XLA Ops', 'Async XLA Ops') OR l.name LIKE 'Stream #%')""")
         own = " OR ".join(f"d.{c} IS NOT NULL" for c in _OWN_PROPERTIES)
-        # 1. the batch's op events (the events view's device op rows), narrow; an event's own typed
-        # stats make it a key of its own (own_index), else its plane and metadata id are its key
+        # 2. the batch's op events (the events view's device op rows), narrow; an event's own typed
+        # stats make it a key of its own (own_index), else its line and metadata id are its key
         con.execute(f"""CREATE OR REPLACE TEMP TABLE {events} AS
-WITH op_lines AS (
-    SELECT l.run_id, l.host, l.plane_index, l.line_index, p.device_ordinal AS device, l.name AS line,
-           CAST(dense_rank() OVER (ORDER BY l.host, l.plane_index, l.line_index) AS INTEGER) AS line_key
-    FROM lines l JOIN planes p USING (run_id, host, plane_index)
-    WHERE l.{run} AND {l_host} AND l.run_id IN (SELECT run_id FROM {subs['att_runs']})
-      AND (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
-      AND (l.name IN ('XLA Ops', 'Async XLA Ops') OR l.name LIKE 'Stream #%')
-)
-SELECT e.run_id, e.host, e.plane_index, o.line_key, o.line, e.metadata_id,
-       CASE WHEN {own} THEN d.event_index END AS own_index, o.device, e.start_ps, e.duration_ps,
-       e.group_id, d.correlation_id
-FROM event_rows e JOIN op_lines o USING (run_id, host, plane_index, line_index)
+SELECT o.line_key, e.metadata_id, CASE WHEN {own} THEN d.event_index END AS own_index,
+       e.start_ps, e.duration_ps, e.group_id, d.correlation_id
+FROM event_rows e JOIN {lines} o USING (run_id, host, plane_index, line_index)
 LEFT JOIN {batch('event_details', 'd')} d
   ON d.run_id = e.run_id AND d.host = e.host AND d.plane_index = e.plane_index
  AND d.event_index = e.event_index
 WHERE e.{run} AND {e_host} AND e.duration_ps > 0""")
-        # 2. each key's properties, as the events view resolves them (the event's own value wins)
+        # 3. each key's properties, as the events view resolves them (the event's own value wins)
         props = ", ".join(f"COALESCE(d.{c}, m.{c}) AS {c}" for c in _OWN_PROPERTIES)
         con.execute(f"""CREATE OR REPLACE TEMP TABLE {keys} AS
 WITH k AS (
-    SELECT DISTINCT run_id, host, plane_index, line_key, line, metadata_id, own_index FROM {events}
+    SELECT o.run_id, o.host, o.plane_index, o.line, k.*
+    FROM (SELECT DISTINCT line_key, metadata_id, own_index FROM {events}) k JOIN {lines} o USING (line_key)
 )
 SELECT k.line_key, k.line, k.metadata_id, k.own_index, COALESCE(m.name, '') AS full_name,
        coalesce(nullif(COALESCE(NULLIF(m.display_name, ''), m.name, ''), ''), COALESCE(m.name, ''))
@@ -162,7 +163,7 @@ FROM k LEFT JOIN {batch('event_metadata', 'm')} m
 LEFT JOIN {batch('event_details', 'd')} d
   ON k.own_index IS NOT NULL AND d.run_id = k.run_id AND d.host = k.host AND d.plane_index = k.plane_index
  AND d.event_index = k.own_index""")
-        # 3. each distinct combination of properties classified once (the stage's CTEs combos..classified)
+        # 4. each distinct combination of properties classified once (the stage's CTEs combos..classified)
         properties = ("line", "full_name", *PROPERTY_COLUMNS)
         con.execute(f"""CREATE OR REPLACE TEMP TABLE {classes} AS
 WITH combos AS (
@@ -179,7 +180,7 @@ SELECT line, full_name, {', '.join(PROPERTY_COLUMNS)},
 FROM classified""")
         try:
             self._add(classes)
-            # 4. the op rows keyed to their kinds; the async line only contributes collective spans
+            # 5. the op rows keyed to their kinds; the async line only contributes collective spans
             con.execute(f"""CREATE OR REPLACE TEMP TABLE {rows} AS
 WITH keyed AS (
     SELECT y.line_key, y.metadata_id, y.own_index, y.metadata_group_id, y.metadata_correlation_id,
@@ -188,15 +189,16 @@ WITH keyed AS (
     JOIN {classes} c ON {_same('y', 'c', properties)}
     JOIN {self.table} n ON {_same('n', 'c', KIND_COLUMNS)}
 )
-SELECT e.run_id, e.host, e.device, y.kind_id, y.collective_kind, e.start_ps, e.duration_ps,
+SELECT o.run_id, o.host, o.device, y.kind_id, y.collective_kind, e.start_ps, e.duration_ps,
        coalesce(e.group_id, y.metadata_group_id) AS group_id,
        coalesce(e.correlation_id, y.metadata_correlation_id) AS correlation_id
 FROM {events} e JOIN keyed y
   ON y.line_key = e.line_key AND y.metadata_id IS NOT DISTINCT FROM e.metadata_id
  AND y.own_index IS NOT DISTINCT FROM e.own_index
+JOIN {lines} o ON o.line_key = e.line_key
 WHERE y.line <> 'Async XLA Ops' OR y.collective_kind IS NOT NULL""")
         finally:
-            for table in (events, keys, classes):
+            for table in (lines, events, keys, classes):
                 con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
