@@ -236,11 +236,19 @@ def collective_bound(c: Ctx) -> list[dict]:  # catalog §4: all-reduce 6%, colle
 
 
 def _collective_ops_cte(c: Ctx, kinds: tuple[str, ...]) -> str:
+    """The collective ops of the kinds in train steps, with their dtype and payload (the shape's bytes,
+    else the trace's bytes_accessed). The shape text is parsed once per distinct text (a pod's million
+    collective ops have a handful of shapes; parsing each op's was most of these queries' time)."""
     kind_list = ", ".join(f"'{k}'" for k in kinds)
-    return (f"ops AS (SELECT collective_kind AS kind, short_name, duration_ps,\n"
-            f"               {dtype_sql(SHAPE_TEXT_SQL)} AS dtype,\n"
-            f"               coalesce({payload_bytes_sql(SHAPE_TEXT_SQL)}, bytes_accessed) AS payload\n"
-            f"        FROM op_steps WHERE {c.in_train_steps()} AND collective_kind IN ({kind_list}))")
+    return (f"collective_ops AS (SELECT collective_kind AS kind, short_name, duration_ps, bytes_accessed,\n"
+            f"                          {SHAPE_TEXT_SQL} AS shape_text\n"
+            f"        FROM op_steps WHERE {c.in_train_steps()} AND collective_kind IN ({kind_list})),\n"
+            f"shapes AS (SELECT shape_text, {dtype_sql('shape_text')} AS dtype,\n"
+            f"                  {payload_bytes_sql('shape_text')} AS payload\n"
+            f"           FROM (SELECT DISTINCT shape_text FROM collective_ops)),\n"
+            f"ops AS (SELECT o.kind, o.short_name, o.duration_ps, s.dtype,\n"
+            f"               coalesce(s.payload, o.bytes_accessed) AS payload\n"
+            f"        FROM collective_ops o LEFT JOIN shapes s USING (shape_text))")
 
 
 def f32_gradient_allreduce(c: Ctx) -> list[dict]:  # catalog §3.4
@@ -486,14 +494,22 @@ def partition_overhead(c: Ctx) -> list[dict]:  # catalog §3.1: collective-permu
 def data_formatting(c: Ctx) -> list[dict]:  # catalog §3.9
     th = c.t["data_formatting"]
     pattern = sql_literal(c.t["patterns"]["data_formatting"])
-    sql = (f"WITH ops AS (SELECT host, device_ordinal, step_start, start_ps, duration_ps, hlo_category,\n"
-           f"                    regexp_matches(lower(short_name), {pattern})\n"
-           f"                      OR lower(coalesce(hlo_category, '')) = 'data formatting' AS formatting\n"
+    # (each distinct op name and category classified once, not every op: the regex per op row was most
+    # of this query's time on a pod)
+    sql = (f"WITH compute_ops AS (SELECT host, device_ordinal, step_start, start_ps, duration_ps, "
+           f"short_name, hlo_category\n"
            f"             FROM op_steps WHERE {c.in_train_steps()} AND category IN ('compute', "
            f"'weight_update')\n"
            f"               AND NOT is_container),\n"
-           f"firsts AS (SELECT arg_min(duration_ps, start_ps)\n"
-           f"                    FILTER (WHERE lower(coalesce(hlo_category, '')) LIKE '%convolution%') AS d\n"
+           f"names AS (SELECT short_name, hlo_category,\n"
+           f"                 regexp_matches(lower(short_name), {pattern})\n"
+           f"                   OR lower(coalesce(hlo_category, '')) = 'data formatting' AS formatting,\n"
+           f"                 lower(coalesce(hlo_category, '')) LIKE '%convolution%' AS convolution\n"
+           f"          FROM (SELECT DISTINCT short_name, hlo_category FROM compute_ops)),\n"
+           f"ops AS (SELECT o.*, n.formatting, n.convolution FROM compute_ops o JOIN names n\n"
+           f"          ON n.short_name IS NOT DISTINCT FROM o.short_name\n"
+           f"         AND n.hlo_category IS NOT DISTINCT FROM o.hlo_category),\n"
+           f"firsts AS (SELECT arg_min(duration_ps, start_ps) FILTER (WHERE convolution) AS d\n"
            f"           FROM ops GROUP BY host, device_ordinal, step_start),\n"
            f"{c.train_steps_cte()}\n"
            f"SELECT sum(duration_ps) FILTER (WHERE formatting) / sum(duration_ps) AS "
