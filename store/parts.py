@@ -227,13 +227,13 @@ def make_hive(hosts: list[HostParts]) -> None:
                 files = parts.files.pop(table, [])
                 if not files:
                     continue
-                source = _sql_list(files)
+                source = f"read_parquet({_sql_list(files)}, hive_partitioning = false)"
                 for member in members:
                     folder = Path(files[0]).parent.parent / f"host={partition_value(member.host)}"
                     folder.mkdir(parents=True, exist_ok=True)
                     target = folder / "hive-part-0.parquet"
                     written = con.execute(
-                        f"COPY (SELECT * EXCLUDE (host) FROM read_parquet({source}) WHERE host = $host) "
+                        f"COPY (SELECT * EXCLUDE (host) FROM {source} WHERE host = $host) "
                         f"TO '{_sql_text(target)}' (FORMAT parquet, COMPRESSION zstd)",
                         {"host": member.host},
                     ).fetchone()

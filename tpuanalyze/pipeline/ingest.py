@@ -427,8 +427,9 @@ def _probe_counted(item: HostInput, result: Probe) -> list[tuple[str, int]]:
 
 def _load_counted(task: LoadTask, result: Loaded) -> list[tuple[str, int]]:
     """(file name, events) of each host of a load task, for the progress bar."""
-    parts = result.parts or []
-    return [(Path(item.path).name, host.events) for item, host in zip(task.inputs, parts, strict=True)]
+    if result.parts is None:  # a failed host: the call stops
+        return []
+    return [(Path(item.path).name, host.events) for item, host in zip(task.inputs, result.parts, strict=True)]
 
 
 def _commit(
