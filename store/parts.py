@@ -231,7 +231,7 @@ def make_hive(hosts: list[HostParts]) -> None:
                 for member in members:
                     folder = Path(files[0]).parent.parent / f"host={partition_value(member.host)}"
                     folder.mkdir(parents=True, exist_ok=True)
-                    target = folder / "hive-part-0.parquet"
+                    target = folder / "part-0.parquet"
                     written = con.execute(
                         f"COPY (SELECT * EXCLUDE (host) FROM {source} WHERE host = $host) "
                         f"TO '{_sql_text(target)}' (FORMAT parquet, COMPRESSION zstd)",

@@ -20,13 +20,7 @@ from tpuanalyze.parsers.readers import READERS
 from tpuanalyze.parsers.remote import is_url, local_input
 from tpuanalyze.parsers.staging import HostReader
 from tpuanalyze.store.commit import HostFile
-from tpuanalyze.store.parts import (
-    JSON_MEMORY_LIMIT,
-    LOAD_MEMORY_LIMIT,
-    RETRY_MEMORY_LIMIT,
-    GroupParts,
-    HostParts,
-)
+from tpuanalyze.store.parts import RETRY_MEMORY_LIMIT, GroupParts, HostParts
 
 # Readers a probe keeps for the load of the same process (the inline executor): an XSpace reader
 # holds byte ranges (kilobytes), a Chrome-trace reader every event, kept while they fit.
@@ -133,14 +127,21 @@ def load_host(task: LoadTask) -> Loaded:
     nothing the task wrote is left. Out of DuckDB's load buffer: redone once with more."""
     try:
         return _load(task, None)
-    except duckdb.OutOfMemoryException:
+    except _OutOfMemory as short:
         loaded = _load(task, RETRY_MEMORY_LIMIT)
         if loaded.parts:
-            limit = LOAD_MEMORY_LIMIT if task.input.source_format == "xspace" else JSON_MEMORY_LIMIT
             loaded.parts[0].retried = (
-                f"DuckDB ran out of its {limit} load buffer; loaded again with {RETRY_MEMORY_LIMIT}"
+                f"DuckDB ran out of its {short.limit} load buffer; loaded again with {RETRY_MEMORY_LIMIT}"
             )
         return loaded
+
+
+class _OutOfMemory(Exception):
+    """A load ran out of its DuckDB buffer (``limit``); its parts are removed."""
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(limit)
+        self.limit = limit
 
 
 def _load(task: LoadTask, memory_limit: str | None) -> Loaded:
@@ -164,6 +165,11 @@ def _load(task: LoadTask, memory_limit: str | None) -> Loaded:
             if release:
                 release()
         return Loaded(parts=group.finish())
+    except duckdb.OutOfMemoryException:
+        group.discard()
+        if memory_limit == RETRY_MEMORY_LIMIT:
+            raise
+        raise _OutOfMemory(group.limit) from None
     except BaseException:
         group.discard()
         raise
