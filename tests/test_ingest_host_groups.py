@@ -213,7 +213,7 @@ def test_the_cap_leaves_every_worker_several_tasks() -> None:
     groups = _load_groups(pod64[0], _inputs(["xspace"] * 64), cap)
     assert len(groups) >= pipeline_ingest.TASKS_PER_WORKER * 2
     pod512 = [_probes([36_868] * 512)]
-    assert _group_cap(pod512, 2) == pipeline_ingest.GROUP_EVENTS  # 27 hosts a task, 19 tasks
+    assert _group_cap(pod512, 2) == pipeline_ingest.GROUP_EVENTS  # 28 hosts a task, 19 tasks
     assert _group_cap(pod64, 0) == 0  # a caller's executor (a cluster): a task per host
 
 
