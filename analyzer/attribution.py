@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 from tpuanalyze.analyzer.classify import (
     collective_kind_sql,
+    container_sql,
     host_transfer_sql,
     op_category_sql,
     sql_literal,
@@ -59,6 +60,7 @@ def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, 
         "host_transfer": host_transfer_sql(),
         "collective_kind": collective_kind_sql(),
         "op_category": op_category_sql(config),
+        "is_container": container_sql(),
         "pat_eval_program": sql_literal(pats["eval_program"]),
         "pat_eval_annotation": sql_literal(pats["eval_annotation"]),
         "pat_dispatch": sql_literal(pats["dispatch"]),

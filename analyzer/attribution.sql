@@ -117,7 +117,7 @@ WITH raw AS MATERIALIZED (
 ), classified AS (
     SELECT *, $op_category AS category,
            -- control-flow containers (while/conditional/call) enclose their body ops (see att_intervals)
-           regexp_matches(lower(short_name), '^(while|conditional|call)([.]|$)') AS is_container
+           $is_container AS is_container
     FROM kinded
 )
 SELECT r.run_id, r.host, r.device, r.line,

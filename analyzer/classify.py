@@ -124,6 +124,16 @@ def op_category_sql(config: dict[str, Any]) -> str:
     )
 
 
+# Control-flow containers (while/conditional/call) enclose their body ops (docs/attribution.md, att_intervals)
+_CONTAINER_REGEX = r"^(while|conditional|call)([.]|$)"
+
+
+def container_sql(short_name: str = "short_name") -> str:
+    """TRUE where the op is a control-flow container (while/conditional/call): it counts as compute only
+    where none of its body ops runs."""
+    return f"regexp_matches(lower({short_name}), {sql_literal(_CONTAINER_REGEX)})"
+
+
 def dtype_sql(column: str = "coalesce(shape, name)") -> str:
     """The element type of an op from its shape text (e.g. ``f32[25557032]`` -> ``f32``)."""
     return (

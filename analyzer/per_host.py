@@ -10,8 +10,10 @@ hosts, each host's query reading only that host's row groups:
    execution per device); the dominant program is then the run's, as in the whole-run SQL.
 3. The other stages per host. The per-host results that are small (steps, step breakdown, device
    breakdown, collective time per step, eval and input spans) are appended into the run's TEMP tables;
-   the elementary intervals (one row per op boundary) live only while their host is processed; the
-   per-op relation ``op_steps`` is appended into a table of a scratch database file, whose blocks DuckDB
+   the elementary intervals (one row per op boundary) live only while their host is processed; a
+   batch's ops are narrow rows over the run's op kinds (analyzer/op_kinds.py, ``att_ops`` a view); the
+   per-op relation ``op_steps`` is appended, narrow, into a table of a scratch database file (read
+   through a view joining the kinds back), whose blocks DuckDB
    evicts to disk under its memory limit, so the reduce-side queries over it (the findings' evidence
    SQL) run in bounded memory; the readers whose result is a sum over hosts (top ops, collectives,
    infeed) take partial aggregates from each batch's op rows instead (a hook, ``on_batch``).
@@ -35,6 +37,7 @@ from tpuanalyze.analyzer.attribution import (
     stage_without_sql,
 )
 from tpuanalyze.analyzer.classify import sql_literal
+from tpuanalyze.analyzer.op_kinds import OP_STEPS_OWN, OpKinds, kind_of_op_steps, op_steps_select
 from tpuanalyze.analyzer.sweep import OpSteps, sweep_in_sql
 
 # Stages whose per-host rows are kept for the run (TEMP tables); the rest live per host only.
@@ -42,8 +45,9 @@ KEPT_STAGES = ("att_runs", "att_programs", "att_steps", "att_eval_spans", "att_i
                "step_breakdown", "device_breakdown", "collective_time")
 SCRATCH = "ta_scratch"  # the attached scratch database holding the run's op_steps
 # One host's relations that are views rather than tables: att_intervals (one row per op, eval span and
-# step) is read once, by att_elementary, so copying it would only hold a second op-sized relation in memory.
-LOCAL_KIND = {"att_intervals": "VIEW"}
+# step) is read once, by att_elementary, so copying it would only hold a second op-sized relation in memory;
+# att_ops is the batch's narrow op rows joined to the run's op kinds (analyzer/op_kinds.py).
+LOCAL_KIND = {"att_intervals": "VIEW", "att_ops": "VIEW"}
 # One host's op-sized relations no stage after them reads once the step tables exist (op_steps reads
 # att_ops and step_breakdown): dropped before op_steps, which then runs in the memory they held.
 FREED_BEFORE_OP_STEPS = ("att_intervals", "att_elementary")
@@ -98,31 +102,34 @@ def append_rows(con: duckdb.DuckDBPyConnection, table: str, select: str, first: 
 BatchHook = Callable[[duckdb.DuckDBPyConnection, str], None]
 
 
-def _append_op_rows(con: duckdb.DuckDBPyConnection, op_steps: str, rows: str) -> None:
-    """Append a batch's op rows, its collectives first: they then fill row groups of their own, whose
-    statistics let the findings' evidence SQL (``collective_kind IN (...)``) skip the compute ops'."""
-    con.execute(f"INSERT INTO {op_steps} SELECT * FROM ({rows}) WHERE collective_kind IS NOT NULL")
-    con.execute(f"INSERT INTO {op_steps} SELECT * FROM ({rows}) WHERE collective_kind IS NULL")
+def _append_op_rows(con: duckdb.DuckDBPyConnection, op_rows: str, rows: str) -> None:
+    """Append a batch's narrow op rows, its collectives first: they then fill row groups of their own,
+    whose statistics let the findings' evidence SQL (``collective_kind IN (...)``) skip the compute ops'."""
+    con.execute(f"INSERT INTO {op_rows} SELECT * FROM ({rows}) WHERE collective_kind IS NOT NULL")
+    con.execute(f"INSERT INTO {op_rows} SELECT * FROM ({rows}) WHERE collective_kind IS NULL")
 
 
-def _op_steps_with_hook(con: duckdb.DuckDBPyConnection, op_steps: str, text: str,
+def _op_steps_with_hook(con: duckdb.DuckDBPyConnection, op_rows: str, kinds: str, text: str,
                         on_batch: BatchHook) -> None:
-    """Append the batch's op rows to the run's ``op_steps`` and hand them to ``on_batch``: the rows
-    from the row count before on (an append-only table numbers its rows in order, and a rowid filter
-    reads only the row groups holding them), so the partial aggregates read the batch, not the run."""
-    before = int(con.execute(f"SELECT count(*) FROM {op_steps}").fetchone()[0])
-    _append_op_rows(con, op_steps, text)
-    on_batch(con, f"(SELECT * FROM {op_steps} WHERE rowid >= {before})")
+    """Append the batch's op rows to the run's and hand them to ``on_batch`` with op_steps' columns:
+    the rows from the row count before on (an append-only table numbers its rows in order, and a rowid
+    filter reads only the row groups holding them), so the partial aggregates read the batch, not the run."""
+    before = int(con.execute(f"SELECT count(*) FROM {op_rows}").fetchone()[0])
+    _append_op_rows(con, op_rows, text)
+    on_batch(con, f"({op_steps_select(op_rows, kinds, f'o.rowid >= {before}')})")
 
 
 @contextmanager
-def _op_rows(con: duckdb.DuckDBPyConnection, text: str, rel: dict[str, str]) -> Iterator[str]:
-    """The SELECT of a batch's op_steps rows: the step lookup in numpy (analyzer/sweep.py), or the
-    stage's SQL ``text`` when TPUANALYZE_SWEEP=sql."""
+def _op_rows(con: duckdb.DuckDBPyConnection, text: str, rows: str, kinds: str,
+             rel: dict[str, str]) -> Iterator[str]:
+    """The SELECT of a batch's narrow op_steps rows (OP_STEPS_OWN) from its narrow op rows ``rows``: the
+    step lookup in numpy (analyzer/sweep.py), or the stage's SQL ``text`` when TPUANALYZE_SWEEP=sql."""
     if sweep_in_sql():
-        yield text
+        yield kind_of_op_steps(text, kinds)
         return
-    with OpSteps(con, rel["att_ops"], rel["step_breakdown"], f"{rel['att_ops']}_steps") as found:
+    columns = ", ".join("device AS device_ordinal" if c == "device_ordinal" else c
+                        for c in OP_STEPS_OWN if not c.startswith("step_"))
+    with OpSteps(con, rows, rel["step_breakdown"], f"{rows}_steps", columns) as found:
         yield found.sql
 
 
@@ -139,9 +146,11 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
 
     flags: dict[str, bool] | None = None  # the run's, once pass 1 has found them
 
+    def subs(relation: dict[str, str], host: tuple[str, str]) -> dict[str, str]:
+        return _substitutions(config, run_filter, relation, host, flags)
+
     def sql(name: str, relation: dict[str, str], host: tuple[str, str]) -> str:
-        subs = _substitutions(config, run_filter, relation, host, flags)
-        return Template(stages[name]).safe_substitute(subs)
+        return Template(stages[name]).safe_substitute(subs(relation, host))
 
     def run(kind: str, table: str, text: str, stage: str) -> None:
         try:
@@ -164,16 +173,28 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     # att_programs reads att_ops only for program executions found through host launches
     programs_need_ops = bool(has_dev and not has_modules and not has_steps and not has_groups)
 
+    kinds = OpKinds(con, f"{prefix}op_kinds")
+
+    def att_ops(relation: dict[str, str], host: tuple[str, str]) -> str:
+        """The batch's att_ops: narrow op rows over the run's kinds (analyzer/op_kinds.py), as a view."""
+        try:
+            return kinds.narrow(subs(relation, host), sql("att_ops", relation, host), flags, local)[1]
+        except duckdb.Error as exc:
+            raise RuntimeError(f"attribution stage att_ops failed: {exc}") from exc
+
     # pass 2: the run's program executions (the dominant program is the run's)
     for i, host in enumerate(batches):
-        ops_sql = sql("att_ops", runs_rel, host)
-        run("TABLE", f"{local}att_ops",
-            ops_sql if programs_need_ops else f"SELECT * FROM ({ops_sql}) LIMIT 0", "att_ops")
-        rel = {**runs_rel, "att_ops": f"{local}att_ops"}
+        if programs_need_ops:
+            ops = att_ops(runs_rel, host)
+        else:
+            ops = f"{local}att_ops_none"
+            run("TABLE", ops, f"SELECT * FROM ({sql('att_ops', runs_rel, host)}) LIMIT 0", "att_ops")
+        rel = {**runs_rel, "att_ops": ops}
         append_rows(con, f"{prefix}att_programs", sql("att_programs", rel, host), i == 0)
+    con.execute(f"DROP TABLE IF EXISTS {local}att_ops_none")
 
     # pass 3: everything else, host by host
-    op_steps = f"{SCRATCH}.{prefix}op_steps"
+    op_rows = f"{SCRATCH}.{prefix}op_rows"  # the run's narrow op_steps rows (OP_STEPS_OWN)
     for i, host in enumerate(batches):
         rel = {**runs_rel, "att_programs_run": f"{prefix}att_programs"}
         for name in stages:
@@ -183,6 +204,8 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             if name == "att_programs":
                 run("VIEW", table, f"SELECT * FROM {prefix}att_programs WHERE host "
                     f"BETWEEN {sql_literal(host[0])} AND {sql_literal(host[1])}", name)
+            elif name == "att_ops":
+                table = att_ops(rel, host)
             elif not stage_without_sql(con, name, rel, table):
                 run(LOCAL_KIND.get(name, "TABLE"), table, sql(name, rel, host), name)
             rel[name] = table
@@ -194,21 +217,26 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         text = sql("op_steps", rel, host)
         try:
             if i == 0:  # (empty first: CREATE TABLE AS with the ASOF join plans far slower than INSERT)
-                con.execute(f"CREATE OR REPLACE TABLE {op_steps} AS SELECT * FROM ({text}) LIMIT 0")
-            with _op_rows(con, text, rel) as rows:
+                con.execute(f"CREATE OR REPLACE TABLE {op_rows} AS SELECT * FROM "
+                            f"({kind_of_op_steps(text, kinds.table)}) LIMIT 0")
+            with _op_rows(con, text, f"{local}op_rows", kinds.table, rel) as rows:
                 if on_batch is None:
-                    _append_op_rows(con, op_steps, rows)
+                    _append_op_rows(con, op_rows, rows)
                 else:
-                    _op_steps_with_hook(con, op_steps, rows, on_batch)
+                    _op_steps_with_hook(con, op_rows, kinds.table, rows, on_batch)
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage op_steps failed: {exc}") from exc
     for name in stages:
         kind = "VIEW" if name == "att_programs" else LOCAL_KIND.get(name, "TABLE")
         con.execute(f"DROP {kind} IF EXISTS {local}{name}")
+    con.execute(f"DROP TABLE IF EXISTS {local}op_rows")
     # written to the file: the readers' scans then page its blocks in and out under the memory limit
     con.execute(f"CHECKPOINT {SCRATCH}")
 
     relation = {name: f"{prefix}{name}" for name in KEPT_STAGES}
+    # the run's op_steps: its narrow op rows joined to its op kinds (the stage's columns)
+    op_steps = f"{prefix}op_steps"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {op_steps} AS {op_steps_select(op_rows, kinds.table)}")
     relation["op_steps"] = op_steps
     # the op rows of the run, as att_ops' readers use them (device, category, short_name, ...)
     # (a name of its own: the whole-run path's ta_att_ops is a table)

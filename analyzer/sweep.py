@@ -181,11 +181,11 @@ class OpSteps:
     """Stage op_steps' rows for a batch without its window: the step each op starts in found by numpy
     (the device's latest step start <= the op's start, if the op starts before that step ends: the
     stage's ASOF rule, a step's start before an op starting at the same instant), joined back to the op
-    rows by position. Use as a context manager: ``sql`` is valid inside it (an Arrow table registered on
-    the connection)."""
+    rows by position (``columns``: the op rows' to keep, the stage's by default). Use as a context
+    manager: ``sql`` is valid inside it (an Arrow table registered on the connection)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, att_ops: str, step_breakdown: str,
-                 name: str) -> None:
+                 name: str, columns: str = _OP_STEPS_COLUMNS) -> None:
         self._con, self._name = con, name
         key = "hash(run_id::BIGINT, host, {device}::BIGINT)"
         ops = con.execute(f"SELECT rowid AS i, {key.format(device='device')} AS k, start_ps "
@@ -219,7 +219,7 @@ class OpSteps:
             "step_start": column(steps["start_ps"], pa.int64(), 0),
             "step_is_eval": column(steps["is_eval"], pa.bool_(), False),
         })
-        self.sql = (f"SELECT {_OP_STEPS_COLUMNS}, k.step_num, k.step_start, k.step_is_eval "
+        self.sql = (f"SELECT {columns}, k.step_num, k.step_start, k.step_is_eval "
                     f"FROM {att_ops} POSITIONAL JOIN {name} k")
 
     def __enter__(self) -> OpSteps:

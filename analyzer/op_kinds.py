@@ -1,0 +1,220 @@
+"""A batch's ``att_ops`` as narrow rows over the run's op kinds: what the per-host attribution
+(analyzer/per_host.py) builds instead of the stage's wide rows.
+
+Every device op of a pod carries the same few strings as thousands of others (its HLO text, short
+name, category, module, framework op, shape), and its class (category, collective kind, ...) is a
+function of them. The stage ``att_ops`` (attribution.sql) classifies each distinct combination once
+but then joins the class back to every op row on five strings and writes every op's strings out,
+and ``op_steps`` copies them once more into the scratch file: together about half of a 512-host
+analysis's CPU time. Here an op row holds numbers (plus its line, category and collective kind,
+low-cardinality strings the readers filter on) and ``kind_id``, a key into the run's ``op kinds``
+table, one row per distinct combination of the op's properties and class. Views join them back, so
+the stages after ``att_ops``, ``op_steps``' readers and the findings' evidence SQL see the stage's
+columns, types and rows (tests/test_op_kinds.py checks it on every capture).
+
+The fast path reads the base tables as the stage's device branch reads the ``events`` view: an op's
+properties are its event metadata's unless its own typed stats (``event_details``) say otherwise, so
+they are classified per (plane, metadata id), or per event where the event has such stats, never per
+op row. Runs the stage handles otherwise (host-only XLA CPU ops, Kineto traces) run the stage's SQL
+and are narrowed afterwards (small runs; same result).
+"""
+
+from __future__ import annotations
+
+import duckdb
+from tpuanalyze.analyzer.classify import (
+    collective_kind_sql,
+    container_sql,
+    host_transfer_sql,
+    wrapped_sql,
+)
+
+# An op's line, properties (its event metadata's, or its event's own typed stats) and class: a kind.
+PROPERTY_COLUMNS = ("short_name", "hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed")
+CLASS_COLUMNS = ("collective_kind", "category", "is_container", "wrapped", "host_transfer")
+# the kinds table: the op's line (a handful per run), the stage's ``name`` (HLO text where shapes are
+# read, else NULL), properties, class. Strings stay here: in the op rows even low-cardinality strings
+# cost more to write than all their numbers (64-host pod, scratch rows: 0.88 CPU s a batch vs 0.38)
+KIND_COLUMNS = ("line", "name", *PROPERTY_COLUMNS, *CLASS_COLUMNS)
+# a narrow op row (its collective kind copied from its kind: the stages filter on it)
+ROW_COLUMNS = ("run_id", "host", "device", "kind_id", "collective_kind", "start_ps", "duration_ps",
+               "group_id", "correlation_id")
+# stage att_ops' columns, in its order (attribution.sql)
+ATT_OPS_COLUMNS = ("run_id", "host", "device", "line", "name", "short_name", "hlo_category", "hlo_module",
+                   "tf_op", "shape", "flops", "bytes_accessed", "start_ps", "duration_ps", "collective_kind",
+                   "category", "is_container", "wrapped", "host_transfer", "group_id", "correlation_id")
+# stage op_steps' columns, in its order; the narrow op rows of the scratch file hold the OP_STEPS_OWN
+OP_STEPS_COLUMNS = ("run_id", "host", "device_ordinal", "short_name", "name", "category", "collective_kind",
+                    "hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed", "start_ps",
+                    "duration_ps", "line", "is_container", "step_num", "step_start", "step_is_eval")
+# (collective_kind too: the findings' collective evidence SQL filters on it, and a batch's collectives
+# stored first fill row groups of their own, which the filter then skips the compute ops' by statistics)
+OP_STEPS_OWN = ("run_id", "host", "device_ordinal", "kind_id", "collective_kind", "start_ps", "duration_ps",
+                "step_num", "step_start", "step_is_eval")
+# the typed stats an event may hold itself (event_details) that make an op's properties its own
+_OWN_PROPERTIES = ("hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed")
+
+
+def fast_path(flags: dict[str, bool] | None) -> bool:
+    """Whether the run's ops are exactly the stage's device branch (accelerator op lines, no Kineto
+    JSON): then the fast SQL below builds them from the base tables."""
+    return bool(flags and flags["has_device_planes"] and not flags["is_kineto"])
+
+
+def _same(a: str, b: str, columns: tuple[str, ...]) -> str:
+    return " AND ".join(f"{a}.{c} IS NOT DISTINCT FROM {b}.{c}" for c in columns)
+
+
+class OpKinds:
+    """The run's op kinds (a TEMP table ``table``), grown batch by batch; ``narrow`` builds a batch's
+    narrow op rows and the ``att_ops`` view over them."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, table: str) -> None:
+        self.con, self.table = con, table
+        self._created = False
+
+    def _add(self, classes: str) -> None:
+        """Add the kinds of relation ``classes`` (KIND_COLUMNS) not in the table yet."""
+        kinds = ", ".join(KIND_COLUMNS)
+        if not self._created:
+            self.con.execute(f"CREATE OR REPLACE TEMP TABLE {self.table} AS SELECT "
+                             f"CAST(row_number() OVER () - 1 AS INTEGER) AS kind_id, * "
+                             f"FROM (SELECT DISTINCT {kinds} FROM {classes})")
+            self._created = True
+            return
+        self.con.execute(
+            f"INSERT INTO {self.table} SELECT CAST((SELECT coalesce(max(kind_id), -1) FROM {self.table}) "
+            f"+ row_number() OVER () AS INTEGER), * FROM (SELECT DISTINCT {kinds} FROM {classes}) n "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {self.table} k WHERE {_same('k', 'n', KIND_COLUMNS)})")
+
+    def narrow(self, subs: dict[str, str], stage_sql: str, flags: dict[str, bool] | None,
+               local: str) -> tuple[str, str]:
+        """Create the batch's narrow op rows (TEMP TABLE ``<local>op_rows``) and the ``att_ops`` view
+        over them and the kinds (``<local>att_ops``); return (rows, view). ``subs`` are the batch's
+        stage substitutions, ``stage_sql`` the stage's text for runs off the fast path."""
+        rows, view = f"{local}op_rows", f"{local}att_ops"
+        if fast_path(flags):
+            self._narrow_device_ops(subs, local, rows)
+        else:
+            self._narrow_stage_rows(stage_sql, local, rows)
+        cols = ", ".join(f"o.{c}" if c in ROW_COLUMNS else f"k.{c}" for c in ATT_OPS_COLUMNS)
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT {cols} "
+                         f"FROM {rows} o JOIN {self.table} k USING (kind_id)")
+        return rows, view
+
+    def _narrow_stage_rows(self, stage_sql: str, local: str, rows: str) -> None:
+        """The stage's wide rows, then narrowed: their kinds added, each row keyed to its kind."""
+        wide = f"{local}op_wide"
+        con = self.con
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {wide} AS {stage_sql}")
+        try:
+            self._add(wide)
+            cols = ", ".join(f"k.{c}" if c == "kind_id" else f"w.{c}" for c in ROW_COLUMNS)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {rows} AS SELECT {cols} FROM {wide} w "
+                        f"JOIN {self.table} k ON {_same('k', 'w', KIND_COLUMNS)}")
+        finally:
+            con.execute(f"DROP TABLE IF EXISTS {wide}")
+
+    def _narrow_device_ops(self, subs: dict[str, str], local: str, rows: str) -> None:
+        """The device branch of stage att_ops from the base tables (module docstring)."""
+        con = self.con
+        lines, events = f"{local}op_lines", f"{local}op_events"
+        keys, classes = f"{local}op_keys", f"{local}op_classes"
+        run = subs["run_filter"]
+        e_host, l_host = subs["e_host"], subs["l_host"]
+
+        def batch(table: str, alias: str) -> str:  # a base table's rows of the run and batch
+            return (f"(SELECT * FROM {table} {alias} WHERE {alias}.{run} "
+                    f"AND {e_host.replace('e.host', f'{alias}.host')})")
+
+        # 1. the batch's op lines (a few per device), numbered: the events carry the number, not strings
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE {lines} AS
+SELECT l.run_id, l.host, l.plane_index, l.line_index, p.device_ordinal AS device, l.name AS line,
+       CAST(row_number() OVER (ORDER BY l.host, l.plane_index, l.line_index) AS INTEGER) AS line_key
+FROM lines l JOIN planes p USING (run_id, host, plane_index)
+WHERE l.{run} AND {l_host} AND l.run_id IN (SELECT run_id FROM {subs['att_runs']})
+  AND (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
+  AND (l.name IN ('XLA Ops', 'Async XLA Ops') OR l.name LIKE 'Stream #%')""")
+        own = " OR ".join(f"d.{c} IS NOT NULL" for c in _OWN_PROPERTIES)
+        # 2. the batch's op events (the events view's device op rows), narrow; an event's own typed
+        # stats make it a key of its own (own_index), else its line and metadata id are its key
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE {events} AS
+SELECT o.line_key, e.metadata_id, CASE WHEN {own} THEN d.event_index END AS own_index,
+       e.start_ps, e.duration_ps, e.group_id, d.correlation_id
+FROM event_rows e JOIN {lines} o USING (run_id, host, plane_index, line_index)
+LEFT JOIN {batch('event_details', 'd')} d
+  ON d.run_id = e.run_id AND d.host = e.host AND d.plane_index = e.plane_index
+ AND d.event_index = e.event_index
+WHERE e.{run} AND {e_host} AND e.duration_ps > 0""")
+        # 3. each key's properties, as the events view resolves them (the event's own value wins)
+        props = ", ".join(f"COALESCE(d.{c}, m.{c}) AS {c}" for c in _OWN_PROPERTIES)
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE {keys} AS
+WITH k AS (
+    SELECT o.run_id, o.host, o.plane_index, o.line, k.*
+    FROM (SELECT DISTINCT line_key, metadata_id, own_index FROM {events}) k JOIN {lines} o USING (line_key)
+)
+SELECT k.line_key, k.line, k.metadata_id, k.own_index, COALESCE(m.name, '') AS full_name,
+       coalesce(nullif(COALESCE(NULLIF(m.display_name, ''), m.name, ''), ''), COALESCE(m.name, ''))
+           AS short_name,
+       {props}, m.group_id AS metadata_group_id, m.correlation_id AS metadata_correlation_id
+FROM k LEFT JOIN {batch('event_metadata', 'm')} m
+  ON m.run_id = k.run_id AND m.host = k.host AND m.plane_index = k.plane_index
+ AND m.metadata_id = k.metadata_id
+LEFT JOIN {batch('event_details', 'd')} d
+  ON k.own_index IS NOT NULL AND d.run_id = k.run_id AND d.host = k.host AND d.plane_index = k.plane_index
+ AND d.event_index = k.own_index""")
+        # 4. each distinct combination of properties classified once (the stage's CTEs combos..classified)
+        properties = ("line", "full_name", *PROPERTY_COLUMNS)
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE {classes} AS
+WITH combos AS (
+    SELECT DISTINCT {', '.join(properties)}, full_name AS name FROM {keys}
+), wrapped AS (
+    SELECT *, {wrapped_sql()} AS wrapped, {host_transfer_sql()} AS host_transfer FROM combos
+), kinded AS (
+    SELECT *, {collective_kind_sql()} AS collective_kind FROM wrapped
+), classified AS (
+    SELECT *, {subs['op_category']} AS category, {container_sql()} AS is_container FROM kinded
+)
+SELECT line, full_name, {', '.join(PROPERTY_COLUMNS)},
+       CASE WHEN category IN ('collectives', 'input') THEN name END AS name, {', '.join(CLASS_COLUMNS)}
+FROM classified""")
+        try:
+            self._add(classes)
+            # 5. the op rows keyed to their kinds; the async line only contributes collective spans
+            con.execute(f"""CREATE OR REPLACE TEMP TABLE {rows} AS
+WITH keyed AS (
+    SELECT y.line_key, y.metadata_id, y.own_index, y.metadata_group_id, y.metadata_correlation_id,
+           n.kind_id, n.line, n.collective_kind
+    FROM {keys} y
+    JOIN {classes} c ON {_same('y', 'c', properties)}
+    JOIN {self.table} n ON {_same('n', 'c', KIND_COLUMNS)}
+)
+SELECT o.run_id, o.host, o.device, y.kind_id, y.collective_kind, e.start_ps, e.duration_ps,
+       coalesce(e.group_id, y.metadata_group_id) AS group_id,
+       coalesce(e.correlation_id, y.metadata_correlation_id) AS correlation_id
+FROM {events} e JOIN keyed y
+  ON y.line_key = e.line_key AND y.metadata_id IS NOT DISTINCT FROM e.metadata_id
+ AND y.own_index IS NOT DISTINCT FROM e.own_index
+JOIN {lines} o ON o.line_key = e.line_key
+WHERE y.line <> 'Async XLA Ops' OR y.collective_kind IS NOT NULL""")
+        finally:
+            for table in (lines, events, keys, classes):
+                con.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def op_steps_select(rows: str, kinds: str, where: str = "") -> str:
+    """Stage op_steps' columns from narrow op rows (OP_STEPS_OWN) and the run's kinds."""
+    own = set(OP_STEPS_OWN)
+    cols = ", ".join(f"o.{c}" if c in own else f"k.{c}" for c in OP_STEPS_COLUMNS)
+    return (f"SELECT {cols} FROM {rows} o JOIN {kinds} k USING (kind_id)"
+            + (f" WHERE {where}" if where else ""))
+
+
+def kind_of_op_steps(stage_rows: str, kinds: str) -> str:
+    """OP_STEPS_OWN of the stage op_steps' wide rows (TPUANALYZE_SWEEP=sql): each keyed to a kind with
+    the same op_steps columns (kinds that differ only in columns op_steps lacks are alike here)."""
+    common = tuple(c for c in KIND_COLUMNS if c in OP_STEPS_COLUMNS)
+    cols = ", ".join("k.kind_id" if c == "kind_id" else f"w.{c}" for c in OP_STEPS_OWN)
+    return (f"SELECT {cols} FROM ({stage_rows}) w JOIN (SELECT min(kind_id) AS kind_id, "
+            f"{', '.join(common)} FROM {kinds} GROUP BY ALL) k ON {_same('k', 'w', common)}")
+
