@@ -1,17 +1,18 @@
-"""Convert one host's rows to Parquet parts from numpy columns (never row by row): the loader each
-per-host map task runs (store/parts.py).
+"""Convert hosts' rows to Parquet parts from numpy columns (never row by row): the loader each
+load task of the map runs (store/parts.py), for one host or several consecutive small ones.
 
 The event batches a reader yields, and the planes, lines and event metadata of its planes, are
-gathered as numpy arrays across planes and written by one ``COPY (SELECT ...) TO 'part.parquet'``
-per table and ``FLUSH_EVENTS`` events (most hosts: one statement per table), through an
-in-memory DuckDB that holds no table: the arrays are read by a replacement scan (local variables
-of ``_run_with``), the run/host-level constants (host, time shift to the run's t0) are bound
-parameters, and every column is cast to the type of its table (``schema.sql``), so the parts are
-what the tables hold. An event batch's own stats arrive as a long table: numpy turns it into the
-typed columns, SQL into the ``stats`` JSON of the rest.
+gathered as numpy arrays across planes and hosts and written by one ``COPY (SELECT ...) TO
+'part.parquet'`` per table and ``FLUSH_EVENTS`` events (most tasks: one statement per table),
+through an in-memory DuckDB that holds no table: the arrays are read by a replacement scan (local
+variables of ``_run_with``), the host and its time shift to the run's t0 are staged columns (the
+hosts of a task share the statements), and every column is cast to the type of its table
+(``schema.sql``), so the parts are what the tables hold. An event batch's own stats arrive as a
+long table: numpy turns it into the typed columns, SQL into the ``stats`` JSON of the rest.
 
-Why one statement per table and host, not per plane and batch: each statement costs ~3 ms
-however small, and a pod host has ~20 planes of ~2K events (benchmarks/results/bench_pipeline.md).
+Why one statement per table and task, not per plane and batch, nor per host: each statement costs
+~3-8 ms however small, and a pod host has ~20 planes of ~2K events and a few dozen planes and
+lines rows (benchmarks/results/bench_pipeline.md, bench_ingest.md).
 Why replacement scans, not ``register``: a registered object stays alive until the connection
 forgets it; a replacement scan's arrays are freed when the statement ends
 (benchmarks/results/ingest_memory.md).

@@ -1,13 +1,14 @@
-"""One host file's rows as Parquet parts, written by a worker process without the run's database.
+"""Host files' rows as Parquet parts, written by a worker process without the run's database.
 
-The worker converts the host with the loader (``store.load.write_host_tables``: typed columns,
-stats JSON, time shift) straight into Parquet parts, through an in-memory DuckDB that holds no
-table. The main process later inserts every host's parts in one transaction (``store.commit``), or,
-for a Parquet dataset, moves the event parts into the hive layout.
+The worker converts a host, or several consecutive small hosts of a run (``GroupParts``), with the
+loader (``store.load.TablesWriter``: typed columns, stats JSON, time shift) straight into Parquet
+parts, through an in-memory DuckDB that holds no table; hosts loaded together share their parts.
+The main process later inserts every host's parts in one transaction (``store.commit``), or, for
+a Parquet dataset, moves the event parts (one folder per host) into the hive layout.
 
 Memory: a part's rows are gathered as numpy arrays up to ``store.load.FLUSH_EVENTS`` events, and
 DuckDB writes each part with a small buffer (``LOAD_MEMORY_LIMIT``), so a worker holds a slice of
-its host, however large the host.
+its hosts, however large a host or however many the task takes.
 """
 
 from __future__ import annotations
