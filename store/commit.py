@@ -273,7 +273,7 @@ def _insert_parts(
         names = ", ".join(columns)
         con.execute(
             f"INSERT INTO {table} (run_id, {names}) "
-            f"SELECT $run_id, {names} FROM read_parquet({_sql_list(files)})",
+            f"SELECT $run_id, {names} FROM read_parquet({_sql_list(files)}, hive_partitioning = false)",
             {"run_id": run_id},
         )
 

@@ -1,17 +1,18 @@
-"""Convert one host's rows to Parquet parts from numpy columns (never row by row): the loader each
-per-host map task runs (store/parts.py).
+"""Convert hosts' rows to Parquet parts from numpy columns (never row by row): the loader each
+load task of the map runs (store/parts.py), for one host or several consecutive small ones.
 
 The event batches a reader yields, and the planes, lines and event metadata of its planes, are
-gathered as numpy arrays across planes and written by one ``COPY (SELECT ...) TO 'part.parquet'``
-per table and ``FLUSH_EVENTS`` events (most hosts: one statement per table), through an
-in-memory DuckDB that holds no table: the arrays are read by a replacement scan (local variables
-of ``_run_with``), the run/host-level constants (host, time shift to the run's t0) are bound
-parameters, and every column is cast to the type of its table (``schema.sql``), so the parts are
-what the tables hold. An event batch's own stats arrive as a long table: numpy turns it into the
-typed columns, SQL into the ``stats`` JSON of the rest.
+gathered as numpy arrays across planes and hosts and written by one ``COPY (SELECT ...) TO
+'part.parquet'`` per table and ``FLUSH_EVENTS`` events (most tasks: one statement per table),
+through an in-memory DuckDB that holds no table: the arrays are read by a replacement scan (local
+variables of ``_run_with``), the host and its time shift to the run's t0 are staged columns (the
+hosts of a task share the statements), and every column is cast to the type of its table
+(``schema.sql``), so the parts are what the tables hold. An event batch's own stats arrive as a
+long table: numpy turns it into the typed columns, SQL into the ``stats`` JSON of the rest.
 
-Why one statement per table and host, not per plane and batch: each statement costs ~3 ms
-however small, and a pod host has ~20 planes of ~2K events (benchmarks/results/bench_pipeline.md).
+Why one statement per table and task, not per plane and batch, nor per host: each statement costs
+~3-8 ms however small, and a pod host has ~20 planes of ~2K events and a few dozen planes and
+lines rows (benchmarks/results/bench_pipeline.md, bench_ingest.md).
 Why replacement scans, not ``register``: a registered object stays alive until the connection
 forgets it; a replacement scan's arrays are freed when the statement ends
 (benchmarks/results/ingest_memory.md).
@@ -87,22 +88,22 @@ _JSON = "CAST(CAST(stats AS VARCHAR) AS JSON)"
 # the main process's (store/commit.py), host a parameter. Columns absent here: not written.
 _EXPRESSIONS: dict[str, dict[str, str]] = {
     "event_rows": {
-        "host": "$host", "plane_index": "plane_index", "line_index": "line_index",
-        "event_index": "event_index", "metadata_id": "metadata_id", "start_ps": "start_ps + $shift_ps",
+        "host": "host", "plane_index": "plane_index", "line_index": "line_index",
+        "event_index": "event_index", "metadata_id": "metadata_id", "start_ps": "start_ps + shift_ps",
         "duration_ps": "duration_ps", "num_occurrences": _value("num_occurrences", "int"),
         **{c: _value(c, k) for c, k in ROW_TYPED},
     },
     "event_details": {
-        "host": "$host", "plane_index": "plane_index", "event_index": "event_index",
+        "host": "host", "plane_index": "plane_index", "event_index": "event_index",
         **{c: _value(c, k) for c, k in DETAIL_TYPED}, "stats": _JSON,
     },
     "event_metadata": {
-        "host": "$host", "plane_index": "plane_index", "metadata_id": "metadata_id",
+        "host": "host", "plane_index": "plane_index", "metadata_id": "metadata_id",
         "name": _value("name", "str"), "display_name": _value("display_name", "str"),
         **{c: _value(c, k) for c, k in TYPED_COLUMNS}, "stats": _JSON,
     },
     "lines": {
-        "host": "$host", "plane_index": "plane_index",
+        "host": "host", "plane_index": "plane_index",
         **{c: _value(c, "int") for c in ("line_index", "line_id", "display_id", "timestamp_ns",
                                          "duration_ps", "num_events")},
         "name": _value("name", "str"), "display_name": _value("display_name", "str"),
@@ -121,7 +122,7 @@ _PLANE_COLUMNS = [
     ("stats", "str"),
 ]
 _EXPRESSIONS["planes"] = {
-    "host": "$host", "plane_index": "plane_index",
+    "host": "host", "plane_index": "plane_index",
     **{c: _value(c, k) for c, k in _PLANE_COLUMNS[:-1]}, "stats": _JSON,
 }
 
@@ -456,31 +457,34 @@ def _decoded_ahead(source: Iterator[EventBatch], depth: int) -> Iterator[EventBa
 
 
 class _Parts:
-    """One table's rows of a host, gathered as numpy columns and written as numbered Parquet parts
-    of about ``flush_rows`` rows each (one part for most hosts)."""
+    """One table's rows of consecutive hosts, gathered as numpy columns and written as numbered
+    Parquet parts of about ``flush_rows`` rows each (one part for most hosts, or for several small
+    hosts together)."""
 
     def __init__(
         self,
         con: duckdb.DuckDBPyConnection,
         table: str,
         folder: Path,
-        params: dict[str, Any],
         dropped: tuple[str, ...],
         flush_rows: int,
         compression: str,
     ) -> None:
         self.con, self.folder, self.compression = con, folder, compression
         self.select = part_select(table, dropped)
-        self.params = {k: v for k, v in params.items() if f"${k}" in self.select}  # hive parts: no $host
+        self.needs_host = "host" not in dropped  # a dataset's event parts: the folder names the host
         self.flush_rows = flush_rows
         self.pending: list[Columns] = []
         self.rows = 0
         self.files: list[str] = []
+        self._numbers: dict[Path, int] = {}
 
-    def add(self, columns: Columns) -> None:
+    def add(self, columns: Columns, host: str) -> None:
         rows = len(next(iter(columns.values())))
         if not rows:
             return
+        if self.needs_host:
+            columns["host"] = np.full(rows, host, dtype=object)
         self.pending.append(columns)
         self.rows += rows
         if self.rows >= self.flush_rows:
@@ -492,12 +496,19 @@ class _Parts:
         rows = self._rows(_concat(self.pending) if len(self.pending) > 1 else self.pending[0])
         self.pending, self.rows = [], 0
         self.folder.mkdir(parents=True, exist_ok=True)
-        target = self.folder / f"part-{len(self.files)}.parquet"  # part-0: the layout docs/schema.md shows
+        number = self._numbers.get(self.folder, 0)
+        self._numbers[self.folder] = number + 1
+        target = self.folder / f"part-{number}.parquet"  # part-0: the layout docs/schema.md shows
         path = str(target).replace("'", "''")
         sql = (f"COPY ({self.select}) TO '{path}' "
                f"(FORMAT parquet, COMPRESSION {self.compression}, ROW_GROUP_SIZE {PART_ROW_GROUP})")
-        _run_with(self.con, sql, self.params, rows=rows)
+        _run_with(self.con, sql, {}, rows=rows)
         self.files.append(str(target))
+
+    def take_files(self) -> list[str]:
+        """The parts written so far (the caller's from now on)."""
+        files, self.files = self.files, []
+        return files
 
     def _rows(self, rows: Columns) -> Columns:
         return rows
@@ -527,14 +538,13 @@ def _concat(parts: list[Columns]) -> Columns:
 
 @dataclass
 class HostLoad:
-    """What writing a host's parts found: counts, device facts, capture window, the part files."""
+    """What writing a host's rows found: counts, device facts, capture window."""
 
     counts: RunCounts
     devices: int = 0
     device_type: str | None = None
     kinds_with_events: set[str] = field(default_factory=set)
     window: tuple[int | None, int | None] = (None, None)  # min start_ps, max end_ps (run-relative)
-    files: dict[str, list[str]] = field(default_factory=dict)  # table -> its part files, in order
 
 
 # Rows per part: a part's rows are held (as numpy columns) until written, so this bounds the
@@ -548,94 +558,119 @@ PART_ROW_GROUP = 32_768
 EVENT_PART_TABLES = ("event_rows", "event_details")
 
 
-def write_host_tables(
-    con: duckdb.DuckDBPyConnection,
-    run_t0_ns: int | None,
-    reader: HostReader,
-    folders: dict[str, Path],
-    dropped: dict[str, tuple[str, ...]],
-    compression: str = "zstd",
-) -> HostLoad:
-    """Write the host's rows of each table as Parquet parts in ``folders[table]`` (leaving out the
-    columns ``dropped[table]``, compressed with ``compression``), event times shifted from the
-    host's t0 to ``run_t0_ns``."""
-    shift_ps = ((reader.t0_ns or 0) - (run_t0_ns or 0)) * 1000
-    host = {"host": reader.host}
-    parts = {
-        table: (_Details if table == "event_details" else _Parts)(
-            con, table, folders[table], {**host, "shift_ps": shift_ps} if table == "event_rows" else host,
-            dropped[table], FLUSH_EVENTS if table in EVENT_PART_TABLES else FLUSH_PLANE_ROWS, compression,
-        )
-        for table in folders
-    }
-    details_parts = parts["event_details"]
-    assert isinstance(details_parts, _Details)
-    serial = 0  # the host's events numbered across planes (pairs details with their stats JSON)
-    load = HostLoad(RunCounts())
-    infos: list[PlaneInfo] = []
-    low: int | None = None
-    high: int | None = None
-    pending: list[tuple[EventBatch, int, int, int]] = []  # small batches gathered across planes
-    pending_rows = 0
+class TablesWriter:
+    """The rows of one or more consecutive hosts of a run, table by table, as Parquet parts in
+    ``folders[table]`` (leaving out the columns ``dropped[table]``, compressed with ``compression``).
 
-    def load_pending() -> None:
-        nonlocal pending, pending_rows
-        if not pending:
-            return
-        rows, details, json_stats = _merged_tables(pending)
-        pending, pending_rows = [], 0
-        parts["event_rows"].add(rows)
-        if details is not None:  # its stats first: a flush of the details takes them along
-            if json_stats is not None:
-                details_parts.stats.append(json_stats)
-                details_parts.stat_rows += len(json_stats["owner"])
-            details_parts.add(details)
-            if details_parts.stat_rows >= details_parts.flush_rows:
-                details_parts.flush()
+    Hosts share the parts: each statement costs ~7 ms however few its rows (a pod host's planes
+    and lines tables hold a few dozen), so several small hosts written together pay it once. A
+    part holds whole batches of consecutive hosts in order, so the rows, their order included, are
+    those that host-by-host parts give. ``move_events`` (a Parquet dataset, one folder per host):
+    the event tables of the next host go to other folders, after the previous host's are written."""
 
-    for plane, batches in _prefetched(reader):
-        info = plane.info
-        infos.append(info)
-        for table, columns in (("lines", plane.lines), ("event_metadata", plane.metadata)):
-            rows = len(next(iter(columns.values())))
-            if rows:  # an empty plane adds nothing here
-                parts[table].add({**columns, "plane_index": np.full(rows, info.plane_index, dtype=np.int32)})
-        loaded = 0
-        for batch in batches:
-            if batch.num_rows:  # the capture window, on the stored (shifted) times
-                start = batch.start_ps.astype(np.int64, copy=False) + shift_ps
-                first = int(start.min())
-                last = int((start + batch.duration_ps.astype(np.int64, copy=False)).max())
-                low = first if low is None else min(low, first)
-                high = last if high is None else max(high, last)
-            if batch.num_rows >= CHUNK_EVENTS:
-                load_pending()
-            pending.append((batch, info.plane_index, loaded, serial))
-            pending_rows += batch.num_rows
-            loaded += batch.num_rows
-            serial += batch.num_rows
-            del batch
-            if pending_rows >= CHUNK_EVENTS:
-                load_pending()
-        load.counts.events += loaded
-        if loaded:
-            load.kinds_with_events.add(info.kind)
-        load.counts.planes += 1
-        if info.kind in ("tpu", "gpu"):
-            load.devices += 1
-            if info.device_type and not load.device_type:
-                load.device_type = info.device_type
-        if len(infos) >= FLUSH_PLANE_ROWS:
-            parts["planes"].add(_plane_columns(infos))
-            infos = []
-    load_pending()
-    if infos:
-        parts["planes"].add(_plane_columns(infos))
-    for table_parts in parts.values():
-        table_parts.flush()
-    load.window = (low, high)
-    load.files = {table: table_parts.files for table, table_parts in parts.items()}
-    return load
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        folders: dict[str, Path],
+        dropped: dict[str, tuple[str, ...]],
+        compression: str = "zstd",
+    ) -> None:
+        self.parts = {
+            table: (_Details if table == "event_details" else _Parts)(
+                con, table, folders[table], dropped[table],
+                FLUSH_EVENTS if table in EVENT_PART_TABLES else FLUSH_PLANE_ROWS, compression,
+            )
+            for table in folders
+        }
+        self.serial = 0  # the events numbered across planes and hosts (pairs details with their stats JSON)
+
+    def event_folders(self, folders: dict[str, Path]) -> dict[str, list[str]]:
+        """Write the event tables' pending rows, then send their next rows to ``folders``; the
+        event parts written until now, by table."""
+        written = {}
+        for table, folder in folders.items():
+            self.parts[table].flush()
+            written[table] = self.parts[table].take_files()
+            self.parts[table].folder = folder
+        return written
+
+    def finish(self) -> dict[str, list[str]]:
+        """Write every pending row; each table's parts not yet taken, in order."""
+        for table_parts in self.parts.values():
+            table_parts.flush()
+        return {table: table_parts.take_files() for table, table_parts in self.parts.items()}
+
+    def add_host(self, reader: HostReader, run_t0_ns: int | None) -> HostLoad:
+        """Add the host's rows, event times shifted from the host's t0 to ``run_t0_ns``."""
+        shift_ps = ((reader.t0_ns or 0) - (run_t0_ns or 0)) * 1000
+        host = reader.host
+        parts = self.parts
+        details_parts = parts["event_details"]
+        assert isinstance(details_parts, _Details)
+        load = HostLoad(RunCounts())
+        infos: list[PlaneInfo] = []
+        low: int | None = None
+        high: int | None = None
+        pending: list[tuple[EventBatch, int, int, int]] = []  # small batches gathered across planes
+        pending_rows = 0
+
+        def load_pending() -> None:
+            nonlocal pending, pending_rows
+            if not pending:
+                return
+            rows, details, json_stats = _merged_tables(pending)
+            pending, pending_rows = [], 0
+            rows["shift_ps"] = np.full(len(rows["event_index"]), shift_ps, dtype=np.int64)
+            parts["event_rows"].add(rows, host)
+            if details is not None:  # its stats first: a flush of the details takes them along
+                if json_stats is not None:
+                    details_parts.stats.append(json_stats)
+                    details_parts.stat_rows += len(json_stats["owner"])
+                details_parts.add(details, host)
+                if details_parts.stat_rows >= details_parts.flush_rows:
+                    details_parts.flush()
+
+        for plane, batches in _prefetched(reader):
+            info = plane.info
+            infos.append(info)
+            for table, columns in (("lines", plane.lines), ("event_metadata", plane.metadata)):
+                rows = len(next(iter(columns.values())))
+                if rows:  # an empty plane adds nothing here
+                    staged = {**columns, "plane_index": np.full(rows, info.plane_index, dtype=np.int32)}
+                    parts[table].add(staged, host)
+            loaded = 0
+            for batch in batches:
+                if batch.num_rows:  # the capture window, on the stored (shifted) times
+                    start = batch.start_ps.astype(np.int64, copy=False) + shift_ps
+                    first = int(start.min())
+                    last = int((start + batch.duration_ps.astype(np.int64, copy=False)).max())
+                    low = first if low is None else min(low, first)
+                    high = last if high is None else max(high, last)
+                if batch.num_rows >= CHUNK_EVENTS:
+                    load_pending()
+                pending.append((batch, info.plane_index, loaded, self.serial))
+                pending_rows += batch.num_rows
+                loaded += batch.num_rows
+                self.serial += batch.num_rows
+                del batch
+                if pending_rows >= CHUNK_EVENTS:
+                    load_pending()
+            load.counts.events += loaded
+            if loaded:
+                load.kinds_with_events.add(info.kind)
+            load.counts.planes += 1
+            if info.kind in ("tpu", "gpu"):
+                load.devices += 1
+                if info.device_type and not load.device_type:
+                    load.device_type = info.device_type
+            if len(infos) >= FLUSH_PLANE_ROWS:
+                parts["planes"].add(_plane_columns(infos), host)
+                infos = []
+        load_pending()
+        if infos:
+            parts["planes"].add(_plane_columns(infos), host)
+        load.window = (low, high)
+        return load
 
 
 def _plane_columns(infos: list[PlaneInfo]) -> Columns:

@@ -1,13 +1,14 @@
-"""One host file's rows as Parquet parts, written by a worker process without the run's database.
+"""Host files' rows as Parquet parts, written by a worker process without the run's database.
 
-The worker converts the host with the loader (``store.load.write_host_tables``: typed columns,
-stats JSON, time shift) straight into Parquet parts, through an in-memory DuckDB that holds no
-table. The main process later inserts every host's parts in one transaction (``store.commit``), or,
-for a Parquet dataset, moves the event parts into the hive layout.
+The worker converts a host, or several consecutive small hosts of a run (``GroupParts``), with the
+loader (``store.load.TablesWriter``: typed columns, stats JSON, time shift) straight into Parquet
+parts, through an in-memory DuckDB that holds no table; hosts loaded together share their parts.
+The main process later inserts every host's parts in one transaction (``store.commit``), or, for
+a Parquet dataset, moves the event parts (one folder per host) into the hive layout.
 
 Memory: a part's rows are gathered as numpy arrays up to ``store.load.FLUSH_EVENTS`` events, and
 DuckDB writes each part with a small buffer (``LOAD_MEMORY_LIMIT``), so a worker holds a slice of
-its host, however large the host.
+its hosts, however large a host or however many the task takes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import quote
 
 import duckdb
 from tpuanalyze.parsers.staging import HostReader
-from tpuanalyze.store.load import write_host_tables
+from tpuanalyze.store.load import TablesWriter
 
 # The tables a host fills, in load order; ``EVENT_TABLES`` are the ones a Parquet dataset holds.
 HOST_TABLES = ("planes", "lines", "event_metadata", "event_rows", "event_details")
@@ -55,7 +56,11 @@ class HostParts:
     device_type: str | None = None
     kinds_with_events: list[str] = field(default_factory=list)
     window: tuple[int | None, int | None] = (None, None)  # min start_ps, max end_ps (run-relative)
-    files: dict[str, list[str]] = field(default_factory=dict)  # table -> its Parquet parts (none: no rows)
+    # table -> the Parquet parts holding this host's rows (none: no rows). Hosts loaded together
+    # share parts: the first host of the group lists them, with ``group`` the hosts whose rows they
+    # hold, in order; the others list none (a dataset's event parts excepted: one folder per host).
+    files: dict[str, list[str]] = field(default_factory=dict)
+    group: list[str] = field(default_factory=list)
     hive: bool = False  # event tables written without run_id/host columns, under host=<host>/
     retried: str | None = None  # the note when the load ran out of memory and was redone
 
@@ -65,55 +70,120 @@ def host_part_dir(staging: str | Path, table: str, host: str) -> Path:
     return Path(staging) / table / f"host={partition_value(host)}"
 
 
-def write_host_parts(
-    reader: HostReader, run_t0_ns: int | None, staging: str | Path, hive_events: bool, compact: bool = False
-) -> HostParts:
-    """Write one host's tables to ``staging`` as Parquet parts.
+def group_part_dir(staging: str | Path, table: str, first_host: str) -> Path:
+    """Where the parts of ``table`` shared by a group of hosts go (named by its first host)."""
+    return Path(staging) / table / f"group={partition_value(first_host)}"
 
-    Event times are shifted to ``run_t0_ns`` exactly as a direct load shifts them. With
-    ``hive_events`` the event tables are written without ``run_id``/``host`` (they are the
-    dataset's partition folders); every other part keeps ``host`` and leaves ``run_id`` to the
-    main process, which alone knows it. ``compact``: the parts travel (zstd, as dataset parts).
+
+class GroupParts:
+    """Consecutive hosts of a run written as one set of Parquet parts under ``staging``.
+
+    ``add`` a host's reader at a time (only one host's rows held, plus at most ``FLUSH_EVENTS``
+    pending rows), then ``finish``; ``discard`` removes whatever was written (a failed host, or a
+    load redone). Event times are shifted to ``run_t0_ns`` exactly as a direct load shifts them.
+    With ``hive_events`` the event tables are written without ``run_id``/``host``, one folder per
+    host (they are the dataset's partition folders); every other part keeps ``host`` and leaves
+    ``run_id`` to the main process, which alone knows it. ``compact``: the parts travel (zstd).
     """
-    staging = Path(staging)
-    compression = KEPT_COMPRESSION if hive_events or compact else STAGING_COMPRESSION
-    limit = LOAD_MEMORY_LIMIT if reader.source_format == "xspace" else JSON_MEMORY_LIMIT
-    try:
-        return _write_parts(reader, run_t0_ns, limit, staging, hive_events, compression)
-    except duckdb.OutOfMemoryException:
-        _remove_parts(staging, reader.host)
-        parts = _write_parts(reader, run_t0_ns, RETRY_MEMORY_LIMIT, staging, hive_events, compression)
-        parts.retried = f"DuckDB ran out of its {limit} load buffer; loaded again with {RETRY_MEMORY_LIMIT}"
-        return parts
 
-
-def _write_parts(
-    reader: HostReader, run_t0_ns: int | None, memory_limit: str, staging: Path, hive_events: bool,
-    compression: str,
-) -> HostParts:
-    con = _connection()
-    try:
-        con.execute(f"SET memory_limit = '{memory_limit}'")
-        folders = {table: host_part_dir(staging, table, reader.host) for table in HOST_TABLES}
+    def __init__(
+        self, first_host: str, source_format: str, run_t0_ns: int | None, staging: str | Path,
+        hive_events: bool, compact: bool = False, memory_limit: str | None = None,
+    ) -> None:
+        self.staging = Path(staging)
+        self.run_t0_ns = run_t0_ns
+        self.hive_events = hive_events
+        self.first_host = first_host
+        self.limit = memory_limit or (LOAD_MEMORY_LIMIT if source_format == "xspace" else JSON_MEMORY_LIMIT)
+        compression = KEPT_COMPRESSION if hive_events or compact else STAGING_COMPRESSION
+        self.folders = {table: group_part_dir(self.staging, table, first_host) for table in HOST_TABLES}
         dropped = {
             table: ("run_id", "host") if hive_events and table in EVENT_TABLES else ("run_id",)
             for table in HOST_TABLES
         }
-        load = write_host_tables(con, run_t0_ns, reader, folders, dropped, compression)
-    except BaseException:
-        _forget_connection()  # whatever state a failed statement left: the next host starts afresh
-        raise
-    return HostParts(
-        host=reader.host,
-        planes=load.counts.planes,
-        events=load.counts.events,
-        devices=load.devices,
-        device_type=load.device_type,
-        kinds_with_events=sorted(load.kinds_with_events),
-        window=load.window,
-        files={table: files for table, files in load.files.items() if files},
-        hive=hive_events,
-    )
+        self.hosts: list[HostParts] = []
+        self._started: list[str] = []  # hosts whose rows were (being) written
+        self._con = _connection()
+        try:
+            self._con.execute(f"SET memory_limit = '{self.limit}'")
+            self._writer = TablesWriter(self._con, self.folders, dropped, compression)
+        except BaseException:
+            _forget_connection()
+            raise
+
+    def add(self, reader: HostReader) -> HostParts:
+        """Write the host's rows (some may stay pending until the next ``add`` or ``finish``)."""
+        self._started.append(reader.host)
+        try:
+            if self.hive_events:  # this host's event parts go to its own folder
+                previous = self._writer.event_folders(
+                    {table: host_part_dir(self.staging, table, reader.host) for table in EVENT_TABLES}
+                )
+                self._give_event_files(previous)
+            load = self._writer.add_host(reader, self.run_t0_ns)
+        except BaseException:
+            _forget_connection()  # whatever state a failed statement left: the next host starts afresh
+            raise
+        parts = HostParts(
+            host=reader.host,
+            planes=load.counts.planes,
+            events=load.counts.events,
+            devices=load.devices,
+            device_type=load.device_type,
+            kinds_with_events=sorted(load.kinds_with_events),
+            window=load.window,
+            hive=self.hive_events,
+        )
+        self.hosts.append(parts)
+        return parts
+
+    def finish(self) -> list[HostParts]:
+        """Write every pending row: each host's ``HostParts``, the group's parts on its first."""
+        try:
+            files = self._writer.finish()
+        except BaseException:
+            _forget_connection()
+            raise
+        if self.hive_events:
+            self._give_event_files({table: files.pop(table) for table in EVENT_TABLES})
+        if self.hosts:
+            first = self.hosts[0]
+            first.files.update({table: names for table, names in files.items() if names})
+            first.group = [h.host for h in self.hosts]
+        return self.hosts
+
+    def _give_event_files(self, files: dict[str, list[str]]) -> None:
+        """A dataset's event parts of the host added last: its own folder's."""
+        if self.hosts:
+            self.hosts[-1].files.update({table: names for table, names in files.items() if names})
+
+    def discard(self) -> None:
+        """Remove the group's parts (written or half written)."""
+        for table in HOST_TABLES:
+            shutil.rmtree(self.folders[table], ignore_errors=True)
+            if self.hive_events and table in EVENT_TABLES:
+                for host in self._started:
+                    shutil.rmtree(host_part_dir(self.staging, table, host), ignore_errors=True)
+
+
+def write_host_parts(
+    reader: HostReader, run_t0_ns: int | None, staging: str | Path, hive_events: bool, compact: bool = False
+) -> HostParts:
+    """Write one host's tables to ``staging`` as Parquet parts (a group of one host), redone
+    once with a larger DuckDB buffer should it run out of memory (``retried`` says so)."""
+    group = GroupParts(reader.host, reader.source_format, run_t0_ns, staging, hive_events, compact)
+    try:
+        group.add(reader)
+        return group.finish()[0]
+    except duckdb.OutOfMemoryException:
+        group.discard()
+        limit = group.limit
+        group = GroupParts(reader.host, reader.source_format, run_t0_ns, staging, hive_events, compact,
+                           memory_limit=RETRY_MEMORY_LIMIT)
+        group.add(reader)
+        parts = group.finish()[0]
+        parts.retried = f"DuckDB ran out of its {limit} load buffer; loaded again with {RETRY_MEMORY_LIMIT}"
+        return parts
 
 
 _connections: dict[tuple[int, int], duckdb.DuckDBPyConnection] = {}
@@ -144,31 +214,45 @@ def _forget_connection() -> None:
             pass
 
 
-def _remove_parts(staging: Path, host: str) -> None:
-    """A host's parts written before its load ran out of memory (redone from the start)."""
-    for table in HOST_TABLES:
-        shutil.rmtree(host_part_dir(staging, table, host), ignore_errors=True)
-
-
-def make_hive(parts: HostParts) -> None:
-    """Rewrite a host's event parts in the dataset's form (without ``host``, which the partition
-    folder names), for a database found to keep its events in a dataset only at commit time."""
-    if parts.hive:
-        return
+def make_hive(hosts: list[HostParts]) -> None:
+    """Rewrite a run's event parts in the dataset's form (one folder per host, without ``host``,
+    which the partition folder names), for a database found to keep its events in a dataset only
+    at commit time. ``hosts``: the run's, in order (a group's members follow its first host)."""
     con = duckdb.connect(":memory:")
     try:
-        for table in EVENT_TABLES:
-            for file in parts.files.get(table, []):
-                source = Path(file)
-                rewritten = source.with_name("hive-" + source.name)
-                con.execute(
-                    f"COPY (SELECT * EXCLUDE (host) FROM read_parquet('{_sql_text(source)}')) "
-                    f"TO '{_sql_text(rewritten)}' (FORMAT parquet, COMPRESSION zstd)"
-                )
-                os.replace(rewritten, source)
+        for index, parts in enumerate(hosts):
+            if parts.hive:
+                continue
+            members = hosts[index : index + max(len(parts.group), 1)]
+            for table in EVENT_TABLES:
+                files = parts.files.pop(table, [])
+                if not files:
+                    continue
+                source = f"read_parquet({_sql_list(files)}, hive_partitioning = false)"
+                for member in members:
+                    folder = Path(files[0]).parent.parent / f"host={partition_value(member.host)}"
+                    folder.mkdir(parents=True, exist_ok=True)
+                    target = folder / "part-0.parquet"
+                    written = con.execute(
+                        f"COPY (SELECT * EXCLUDE (host) FROM {source} WHERE host = $host) "
+                        f"TO '{_sql_text(target)}' (FORMAT parquet, COMPRESSION zstd)",
+                        {"host": member.host},
+                    ).fetchone()
+                    if written and written[0]:
+                        member.files[table] = [str(target)]
+                    else:
+                        target.unlink()
+                        folder.rmdir()
+                for file in files:
+                    os.unlink(file)
+            for member in members:
+                member.hive = True
     finally:
         con.close()
-    parts.hive = True
+
+
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join("'" + _sql_text(Path(p)) + "'" for p in paths) + "]"
 
 
 def _sql_text(path: Path) -> str:

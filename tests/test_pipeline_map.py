@@ -153,14 +153,14 @@ def _crash_on_host() -> None:
     """Pool initializer: the worker process dies (no exception, no cleanup) loading one host."""
     from tpuanalyze.pipeline import tasks
 
-    real = tasks.write_host_parts
+    real = tasks.GroupParts.add
 
-    def dying(reader, *args, **kwargs):
+    def dying(self, reader, *args, **kwargs):
         if reader.host == os.environ[_CRASH_HOST]:
             os._exit(17)
-        return real(reader, *args, **kwargs)
+        return real(self, reader, *args, **kwargs)
 
-    tasks.write_host_parts = dying
+    tasks.GroupParts.add = dying
 
 
 def test_a_worker_that_dies_leaves_the_database_as_it_was(

@@ -61,8 +61,8 @@ def _task_subject(args: tuple[Any, ...]) -> str | None:
 
 @dataclasses.dataclass
 class ShippedParts:
-    """A host's load as it travels back from a worker: the result, and its part files' bytes by
-    the path each must have in the client's staging folder."""
+    """A load task's result as it travels back from a worker: the result, and its part files'
+    bytes by the path each must have in the client's staging folder."""
 
     loaded: Loaded
     blobs: dict[str, bytes]
@@ -75,14 +75,14 @@ def load_host_shipped(task: LoadTask) -> ShippedParts:
     try:
         loaded = load_host(dataclasses.replace(task, staging=scratch, compact=True))
         blobs: dict[str, bytes] = {}
-        if loaded.parts is not None:
-            for table, paths in loaded.parts.files.items():
+        for host in loaded.parts or []:
+            for table, paths in host.files.items():
                 targets = []
                 for path in paths:
                     target = str(Path(task.staging) / Path(path).relative_to(scratch))
                     blobs[target] = Path(path).read_bytes()
                     targets.append(target)
-                loaded.parts.files[table] = targets
+                host.files[table] = targets
         return ShippedParts(loaded, blobs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -1,9 +1,10 @@
 """Ingest, end to end: discover -> map (per host, in an executor) -> store (one transaction) -> views.
 
-The map has two rounds of one task per host file. ``probe_host`` validates every file and finds
-its time zero (the run's t0 is the earliest host's, and hosts more than ``MAX_SPAN_NS`` apart are
-refused); ``load_host`` reads each file again, shifted to the run's t0, into Parquet parts in a
-staging folder. Only then is the database opened for writing: every host's parts go in with one
+The map has two rounds. ``probe_host`` validates every file and finds its time zero (the run's t0
+is the earliest host's, and hosts more than ``MAX_SPAN_NS`` apart are refused), a task per host
+file; ``load_host`` reads each file again, shifted to the run's t0, into Parquet parts in a
+staging folder, a task per host or per several consecutive small hosts of a run
+(``GROUP_EVENTS``). Only then is the database opened for writing: every host's parts go in with one
 transaction, so a bad file or a dead worker leaves the database exactly as it was.
 """
 
@@ -108,7 +109,8 @@ def ingest_paths(
             _check_host_offsets(sources, hosts, per_run)
             t0s = [_run_t0(run_probes) for run_probes in per_run]
             compiled = _compiled_share(probes, summary.workers)
-            loaded = _load_all(executor, hosts, t0s, staging, dataset is not None, bar, compiled)
+            loaded = _load_all(executor, hosts, per_run, t0s, staging, dataset is not None, bar, compiled,
+                               summary.workers)
         runs = [
             RunToStore(
                 name=s.name,
@@ -116,13 +118,13 @@ def ingest_paths(
                 source_format=s.source_format,
                 t0_ns=t0,
                 files=[p.file for p in run_probes if p.file is not None],
-                parts=[item.parts for item in run_loaded if item.parts is not None],
+                parts=[host for item in run_loaded for host in item.parts or []],
                 notes=list(s.notes),
             )
             for s, t0, run_probes, run_loaded in zip(sources, t0s, per_run, loaded, strict=True)
         ]
         worker_notes = [p.retried for run_loaded in loaded for item in run_loaded
-                        if (p := item.parts) is not None and p.retried]
+                        for p in item.parts or [] if p.retried]
         _commit(db_path, runs, mlperf, parquet, dataset, summary)
         summary.notes.extend(dict.fromkeys(worker_notes))
     except BaseException as exc:
@@ -225,15 +227,17 @@ def _remove_orphaned_staging(parent: Path) -> None:
 
 
 def _map(executor: Executor, fn, tasks: list, items: list[HostInput], bar: IngestProgress, counted) -> list:
-    """``fn`` over ``tasks`` in the executor; results in task order, the bar advanced as hosts
-    finish. The first failed host (in discovery order) raises, once every other task has stopped
-    (none writes to the staging folder after we return). Submission stops at a failure already
-    known (the inline executor runs each task as it is submitted)."""
+    """``fn`` over ``tasks`` in the executor (``items``: each task's first host, which a failure of
+    the whole task names); results in task order, the bar advanced by the hosts of each task as it
+    finishes (``counted(task, result)``: (file name, events) of each). The first failed host (in
+    discovery order) raises, once every other task has stopped (none writes to the staging folder
+    after we return). Submission stops at a failure already known (the inline executor runs each
+    task as it is submitted)."""
     futures: list[Future] = []
     try:
-        for task, item in zip(tasks, items, strict=True):
+        for task in tasks:
             future = executor.submit(fn, task)
-            future.add_done_callback(lambda f, name=Path(item.path).name: _advance(bar, f, name, counted))
+            future.add_done_callback(lambda f, task=task: _advance(bar, f, lambda r: counted(task, r)))
             futures.append(future)
             if _failed_already(future):
                 break
@@ -292,15 +296,16 @@ def _failed_already(future: Future) -> bool:
     return future.exception() is not None or future.result().error is not None
 
 
-def _advance(bar: IngestProgress, future: Future, name: str, counted) -> None:
+def _advance(bar: IngestProgress, future: Future, counted) -> None:
     if future.cancelled() or future.exception() is not None:
         return
-    bar.host_done(name, counted(future.result()))
+    for name, events in counted(future.result()):
+        bar.host_done(name, events)
 
 
 def _probe_all(executor: Executor, flat: list[HostInput], bar: IngestProgress) -> list[Probe]:
     bar.phase("validating", len(flat))
-    return _map(executor, probe_host, flat, flat, bar, lambda result: 0)
+    return _map(executor, probe_host, flat, flat, bar, _probe_counted)
 
 
 def _split(results: list, hosts: list[list[HostInput]]) -> list[list]:
@@ -349,23 +354,82 @@ def _compiled_share(probes: list[Probe], workers: int) -> bool:
     return sum(p.num_events for p in probes) / workers >= COMPILED_SHARE_EVENTS
 
 
+# Events of the host files one load task reads together at most: a task's fixed costs (a Parquet
+# statement per table, ~7 ms each however few its rows; mkdir; the commit's files) are paid once
+# for several small hosts. Its rows are still written every ``store.load.FLUSH_EVENTS`` events,
+# so memory stays that of one host. A task's share of the work is bounded too (``TASKS_PER_WORKER``
+# tasks for each worker at least, while hosts allow), so the pool's processes stay evenly busy.
+GROUP_EVENTS = 1 << 20
+TASKS_PER_WORKER = 4
+
+
+def _load_groups(run_probes: list[Probe], run_hosts: list[HostInput], cap: int) -> list[list[int]]:
+    """Consecutive hosts of a run (indexes) for each load task: XSpace hosts together up to ``cap``
+    events; a Chrome-trace JSON host (its reader holds every event) alone."""
+    groups: list[list[int]] = []
+    events = 0
+    for index, (probe, item) in enumerate(zip(run_probes, run_hosts, strict=True)):
+        together = item.source_format == "xspace" and run_hosts[index - 1].source_format == "xspace"
+        if groups and together and events + probe.num_events <= cap:
+            groups[-1].append(index)
+            events += probe.num_events
+        else:
+            groups.append([index])
+            events = probe.num_events
+    return groups
+
+
+def _group_cap(probes: list[list[Probe]], workers: int) -> int:
+    """The events a load task may take: ``GROUP_EVENTS``, less when the pool has few tasks per
+    worker; 0 (a task per host) on a caller's executor (a cluster: its size unknown here)."""
+    if workers < 1:
+        return 0
+    if workers == 1:
+        return GROUP_EVENTS
+    total = sum(p.num_events for run_probes in probes for p in run_probes)
+    return min(GROUP_EVENTS, total // (TASKS_PER_WORKER * workers))
+
+
 def _load_all(
     executor: Executor,
     hosts: list[list[HostInput]],
+    probes: list[list[Probe]],
     t0s: list[int | None],
     staging: Path,
     hive_events: bool,
     bar: IngestProgress,
     compiled: bool = False,
+    workers: int = 0,
 ) -> list[list[Loaded]]:
     tasks: list[LoadTask] = []
-    for run_index, (run_hosts, t0) in enumerate(zip(hosts, t0s, strict=True)):
+    per_run: list[int] = []
+    cap = _group_cap(probes, workers)
+    for run_index, (run_hosts, run_probes, t0) in enumerate(zip(hosts, probes, t0s, strict=True)):
         run_staging = str(staging / f"run-{run_index}")
-        tasks.extend(LoadTask(item, t0, run_staging, hive_events, compiled=compiled) for item in run_hosts)
-    bar.phase("loading", len(tasks))
-    results = _map(executor, load_host, tasks, [t.input for t in tasks], bar,
-                   lambda result: result.parts.events if result.parts else 0)
-    return _split(results, hosts)
+        groups = _load_groups(run_probes, run_hosts, cap)
+        tasks.extend(
+            LoadTask(tuple(run_hosts[i] for i in group), t0, run_staging, hive_events, compiled=compiled)
+            for group in groups
+        )
+        per_run.append(len(groups))
+    bar.phase("loading", sum(len(run_hosts) for run_hosts in hosts))
+    results = _map(executor, load_host, tasks, [t.input for t in tasks], bar, _load_counted)
+    out, start = [], 0
+    for count in per_run:
+        out.append(results[start : start + count])
+        start += count
+    return out
+
+
+def _probe_counted(item: HostInput, result: Probe) -> list[tuple[str, int]]:
+    return [(Path(item.path).name, 0)]
+
+
+def _load_counted(task: LoadTask, result: Loaded) -> list[tuple[str, int]]:
+    """(file name, events) of each host of a load task, for the progress bar."""
+    if result.parts is None:  # a failed host: the call stops
+        return []
+    return [(Path(item.path).name, host.events) for item, host in zip(task.inputs, result.parts, strict=True)]
 
 
 def _commit(
@@ -387,8 +451,7 @@ def _commit(
             # the database turned out to keep its events in a dataset (it was busy at the glance):
             # the event parts become hive parts first
             for run in runs:
-                for part in run.parts:
-                    make_hive(part)
+                make_hive(run.parts)
         elif layout != dataset:  # another process moved the events between the glance and now
             raise TpuAnalyzeError(
                 "another process changed where the database keeps its events during this ingest; "

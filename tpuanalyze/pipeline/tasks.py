@@ -2,9 +2,10 @@
 strings), so any executor, a process pool or a cluster, can run them.
 
 ``probe_host`` validates a host file and finds its time zero (the run's t0 is the earliest host's);
-``load_host`` reads it again, shifted to the run's t0, into Parquet parts (``store.parts``). Each
-returns only small things; a bad file is an error *result* (reason and path), so the main process
-reports the first bad host of the call and leaves the database as it was.
+``load_host`` reads it again, shifted to the run's t0, into Parquet parts (``store.parts``), or
+several consecutive small hosts of a run into one set of parts (a pod's per-host fixed costs,
+paid once per task). Each returns only small things; a bad file is an error *result* (reason and
+path), so the main process reports the first bad host of the call and leaves the database as it was.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
+
 from tpuanalyze.errors import TpuAnalyzeError
 from tpuanalyze.parsers.readers import READERS
 from tpuanalyze.parsers.remote import is_url, local_input
 from tpuanalyze.parsers.staging import HostReader
 from tpuanalyze.store.commit import HostFile
-from tpuanalyze.store.parts import HostParts, write_host_parts
+from tpuanalyze.store.parts import RETRY_MEMORY_LIMIT, GroupParts, HostParts
 
 # Readers a probe keeps for the load of the same process (the inline executor): an XSpace reader
 # holds byte ranges (kilobytes), a Chrome-trace reader every event, kept while they fit.
@@ -55,9 +58,10 @@ class Probe:
 
 @dataclass(frozen=True)
 class LoadTask:
-    """Load one host, times shifted to ``run_t0_ns``, as Parquet parts under ``staging``."""
+    """Load consecutive hosts of one run (most often one), in order, times shifted to
+    ``run_t0_ns``, as one set of Parquet parts under ``staging``."""
 
-    input: HostInput
+    inputs: tuple[HostInput, ...]
     run_t0_ns: int | None
     staging: str
     hive_events: bool = False
@@ -65,9 +69,15 @@ class LoadTask:
     compiled: bool = False  # this process reads enough events for the compiled decoder
 
 
+    @property
+    def input(self) -> HostInput:
+        """The first host (what a failure of the whole task is reported under)."""
+        return self.inputs[0]
+
+
 @dataclass
 class Loaded:
-    parts: HostParts | None = None
+    parts: list[HostParts] | None = None  # one per host of the task, in order
     error: TaskError | None = None
 
 
@@ -112,21 +122,57 @@ def probe_host(item: HostInput) -> Probe:
 
 
 def load_host(task: LoadTask) -> Loaded:
-    """Read the host file into Parquet parts (``store.parts.write_host_parts``)."""
-    url = is_url(task.input.path)
+    """Read the task's host files, in order, into one set of Parquet parts
+    (``store.parts.GroupParts``); the first file that cannot be read is the task's error, and
+    nothing the task wrote is left. Out of DuckDB's load buffer: redone once with more."""
     try:
-        with local_input(task.input.path) as local:  # a URL: a local copy while it is read
-            reader = _kept.pop(task.input.path, None) or _open(task.input, local if url else None)
-            use_compiled = getattr(reader, "use_compiled", None)
-            if task.compiled and use_compiled:
-                use_compiled()
-            parts = write_host_parts(reader, task.run_t0_ns, task.staging, task.hive_events, task.compact)
-    except (TpuAnalyzeError, OSError) as exc:
-        return Loaded(error=_error(exc, task.input))
-    release = getattr(reader, "release", None)
-    if release:
-        release()
-    return Loaded(parts=parts)
+        return _load(task, None)
+    except _OutOfMemory as short:
+        loaded = _load(task, RETRY_MEMORY_LIMIT)
+        if loaded.parts:
+            loaded.parts[0].retried = (
+                f"DuckDB ran out of its {short.limit} load buffer; loaded again with {RETRY_MEMORY_LIMIT}"
+            )
+        return loaded
+
+
+class _OutOfMemory(Exception):
+    """A load ran out of its DuckDB buffer (``limit``); its parts are removed."""
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+def _load(task: LoadTask, memory_limit: str | None) -> Loaded:
+    first = task.input
+    group = GroupParts(first.host, first.source_format, task.run_t0_ns, task.staging, task.hive_events,
+                       task.compact, memory_limit)
+    try:
+        for item in task.inputs:
+            url = is_url(item.path)
+            try:
+                with local_input(item.path) as local:  # a URL: a local copy while it is read
+                    reader = _kept.pop(item.path, None) or _open(item, local if url else None)
+                    use_compiled = getattr(reader, "use_compiled", None)
+                    if task.compiled and use_compiled:
+                        use_compiled()
+                    group.add(reader)
+            except (TpuAnalyzeError, OSError) as exc:
+                group.discard()
+                return Loaded(error=_error(exc, item))
+            release = getattr(reader, "release", None)
+            if release:
+                release()
+        return Loaded(parts=group.finish())
+    except duckdb.OutOfMemoryException:
+        group.discard()
+        if memory_limit == RETRY_MEMORY_LIMIT:
+            raise
+        raise _OutOfMemory(group.limit) from None
+    except BaseException:
+        group.discard()
+        raise
 
 
 def forget_kept() -> None:
