@@ -494,22 +494,14 @@ def partition_overhead(c: Ctx) -> list[dict]:  # catalog §3.1: collective-permu
 def data_formatting(c: Ctx) -> list[dict]:  # catalog §3.9
     th = c.t["data_formatting"]
     pattern = sql_literal(c.t["patterns"]["data_formatting"])
-    # (each distinct op name and category classified once, not every op: the regex per op row was most
-    # of this query's time on a pod)
-    sql = (f"WITH compute_ops AS (SELECT host, device_ordinal, step_start, start_ps, duration_ps, "
-           f"short_name, hlo_category\n"
+    sql = (f"WITH ops AS (SELECT host, device_ordinal, step_start, start_ps, duration_ps, hlo_category,\n"
+           f"                    regexp_matches(lower(short_name), {pattern})\n"
+           f"                      OR lower(coalesce(hlo_category, '')) = 'data formatting' AS formatting\n"
            f"             FROM op_steps WHERE {c.in_train_steps()} AND category IN ('compute', "
            f"'weight_update')\n"
            f"               AND NOT is_container),\n"
-           f"names AS (SELECT short_name, hlo_category,\n"
-           f"                 regexp_matches(lower(short_name), {pattern})\n"
-           f"                   OR lower(coalesce(hlo_category, '')) = 'data formatting' AS formatting,\n"
-           f"                 lower(coalesce(hlo_category, '')) LIKE '%convolution%' AS convolution\n"
-           f"          FROM (SELECT DISTINCT short_name, hlo_category FROM compute_ops)),\n"
-           f"ops AS (SELECT o.*, n.formatting, n.convolution FROM compute_ops o JOIN names n\n"
-           f"          ON n.short_name IS NOT DISTINCT FROM o.short_name\n"
-           f"         AND n.hlo_category IS NOT DISTINCT FROM o.hlo_category),\n"
-           f"firsts AS (SELECT arg_min(duration_ps, start_ps) FILTER (WHERE convolution) AS d\n"
+           f"firsts AS (SELECT arg_min(duration_ps, start_ps)\n"
+           f"                    FILTER (WHERE lower(coalesce(hlo_category, '')) LIKE '%convolution%') AS d\n"
            f"           FROM ops GROUP BY host, device_ordinal, step_start),\n"
            f"{c.train_steps_cte()}\n"
            f"SELECT sum(duration_ps) FILTER (WHERE formatting) / sum(duration_ps) AS "
