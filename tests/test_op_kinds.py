@@ -135,3 +135,40 @@ def test_per_host_op_steps_equal_the_whole_run(tmp_path: Path, monkeypatch: pyte
             assert kinds == distinct < n / 50
     finally:
         con.close()
+
+
+@pytest.mark.parametrize("capture", ["host_only_xla_cpu", "kineto_nccl"])
+def test_runs_off_the_fast_path_attributed_by_batch_equal_the_whole_run(
+        capture: str, shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs whose ops the stage's own SQL finds (host-only XLA CPU ops; Kineto GPU kernels), as 2-host
+    runs attributed one host per batch: their kinds narrowed batch by batch give the whole run's tables
+    and JSON."""
+    import shutil
+
+    from test_per_host import WHOLE_RUN, _analyse, _same
+
+    run_dir = tmp_path / "logs" / "plugins" / "profile" / "r1"
+    run_dir.mkdir(parents=True)
+    if capture == "host_only_xla_cpu":  # two JAX CPU captures (other programs: kinds of their own)
+        for host, name in (("hostA", "pmap8_train_eval"), ("hostB", "pmap8_input_bound")):
+            shutil.copy(next((shared_traces / "jax_cpu" / name).rglob("*.xplane.pb")),
+                        run_dir / f"{host}.xplane.pb")
+    else:  # the two NCCL ranks of one job
+        for rank in (0, 1):
+            shutil.copy(shared_traces / "chrome_json" / f"kineto_nccl_rank{rank}.json.gz",
+                        run_dir / f"rank{rank}.trace.json.gz")
+    db = tmp_path / "two.duckdb"
+    ingest_paths([tmp_path / "logs"], db)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        att_runs = Template(dict(load_stages())["att_runs"]).safe_substitute(
+            _substitutions(load_thresholds(None), "run_id = 1", {}))
+        flags = run_flags(con, f"({att_runs})")
+        assert len(per_host.host_batches(con, 1, ONE_HOST)) == 2
+    finally:
+        con.close()
+    assert not fast_path(flags)
+    whole = _analyse(db, WHOLE_RUN, monkeypatch)
+    batched = _analyse(db, ONE_HOST, monkeypatch)
+    assert whole[0].summary["steps"] > 0 and not whole[0].ops.empty
+    _same(whole, batched)
