@@ -166,26 +166,6 @@ class GroupParts:
                     shutil.rmtree(host_part_dir(self.staging, table, host), ignore_errors=True)
 
 
-def write_host_parts(
-    reader: HostReader, run_t0_ns: int | None, staging: str | Path, hive_events: bool, compact: bool = False
-) -> HostParts:
-    """Write one host's tables to ``staging`` as Parquet parts (a group of one host), redone
-    once with a larger DuckDB buffer should it run out of memory (``retried`` says so)."""
-    group = GroupParts(reader.host, reader.source_format, run_t0_ns, staging, hive_events, compact)
-    try:
-        group.add(reader)
-        return group.finish()[0]
-    except duckdb.OutOfMemoryException:
-        group.discard()
-        limit = group.limit
-        group = GroupParts(reader.host, reader.source_format, run_t0_ns, staging, hive_events, compact,
-                           memory_limit=RETRY_MEMORY_LIMIT)
-        group.add(reader)
-        parts = group.finish()[0]
-        parts.retried = f"DuckDB ran out of its {limit} load buffer; loaded again with {RETRY_MEMORY_LIMIT}"
-        return parts
-
-
 _connections: dict[tuple[int, int], duckdb.DuckDBPyConnection] = {}
 
 

@@ -18,7 +18,7 @@ from conftest import SAMPLE_TRACES, SHARED_TRACES
 from tpuanalyze.parsers import xspace
 from tpuanalyze.parsers.xspace import XSpaceReader
 from tpuanalyze.store import load
-from tpuanalyze.store.parts import write_host_parts
+from tpuanalyze.store.parts import GroupParts
 
 from tpuanalyze.errors import TraceFormatError
 from tpuanalyze.pipeline import ingest_paths
@@ -122,7 +122,9 @@ def test_a_corrupt_plane_in_a_group_fails_as_plane_by_plane(
 
 def _parts(path: Path, staging: Path) -> dict[str, list]:
     reader = XSpaceReader(path)
-    parts = write_host_parts(reader, reader.t0_ns, staging, hive_events=False)
+    group = GroupParts(reader.host, reader.source_format, reader.t0_ns, staging, hive_events=False)
+    group.add(reader)
+    parts = group.finish()[0]
     con = duckdb.connect()
     try:
         return {

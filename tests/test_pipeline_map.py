@@ -247,7 +247,7 @@ def test_hosts_written_from_threads_at_once_give_the_same_parts(pod: Path, tmp_p
     from concurrent.futures import ThreadPoolExecutor
 
     from tpuanalyze.parsers.xspace import XSpaceReader
-    from tpuanalyze.store.parts import write_host_parts
+    from tpuanalyze.store.parts import GroupParts
 
     files = sorted(pod.glob("*.xplane.pb"))
     assert len(files) >= 2
@@ -255,7 +255,9 @@ def test_hosts_written_from_threads_at_once_give_the_same_parts(pod: Path, tmp_p
     def write(args: tuple[Path, Path]) -> dict[str, list]:
         path, staging = args
         reader = XSpaceReader(path)
-        parts = write_host_parts(reader, reader.t0_ns, staging, False)
+        group = GroupParts(reader.host, reader.source_format, reader.t0_ns, staging, False)
+        group.add(reader)
+        parts = group.finish()[0]
         with duckdb.connect() as con:
             return {table: con.execute(f"SELECT * FROM read_parquet({[str(f) for f in fs]})").fetchall()
                     for table, fs in parts.files.items()}
