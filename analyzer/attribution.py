@@ -12,14 +12,7 @@ from string import Template
 from typing import Any
 
 import duckdb
-from tpuanalyze.analyzer.classify import (
-    collective_kind_sql,
-    container_sql,
-    host_transfer_sql,
-    op_category_sql,
-    sql_literal,
-    wrapped_sql,
-)
+from tpuanalyze.analyzer.classify import classified_sql, op_category_sql, sql_literal
 from tpuanalyze.analyzer.sweep import numpy_elementary, sweep_in_sql
 
 SQL_PATH = Path(__file__).with_name("attribution.sql")
@@ -56,11 +49,8 @@ def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, 
     warm = config["warmup"]
     subs = {
         "run_filter": run_filter,
-        "wrapped": wrapped_sql(),
-        "host_transfer": host_transfer_sql(),
-        "collective_kind": collective_kind_sql(),
         "op_category": op_category_sql(config),
-        "is_container": container_sql(),
+        "classified_combos": classified_sql("combos", op_category_sql(config)),
         "pat_eval_program": sql_literal(pats["eval_program"]),
         "pat_eval_annotation": sql_literal(pats["eval_annotation"]),
         "pat_dispatch": sql_literal(pats["dispatch"]),

@@ -3,8 +3,8 @@
 -- Each stage "-- stage: NAME" is one SELECT. tpuanalyze.analyzer.attribution runs them in order, either
 -- as TEMP tables for one run (analyze_run) or as persistent VIEWs over all runs (install_views), so
 -- users can query the same relations with `tpuanalyze sql`. Placeholders: $run_filter (a predicate on
--- run_id), $<stage> (the relation name of an earlier stage), $op_category / $collective_kind (SQL
--- expressions from analyzer/classify.py), $pat_* (regex literals from analyzer/thresholds.toml),
+-- run_id), $<stage> (the relation name of an earlier stage), $classified_combos (att_ops' classes of
+-- its distinct ops: SQL from analyzer/classify.py), $pat_* (regex literals from analyzer/thresholds.toml),
 -- $e_host / $l_host (TRUE, or a predicate on a batch of hosts' events e / l when the stages run batch by batch)
 -- $att_programs_run (the run's program executions, all hosts: the dominant program is the run's) and
 -- $has_device_planes ... $is_kineto (att_runs' flags: the column r.<flag> of the joined att_runs row, or
@@ -110,15 +110,10 @@ WITH raw AS MATERIALIZED (
     -- classify each distinct (op, category, tf_op, module) once, not every event (regexes are costly);
     -- the HLO text says what an async wrapper calls and whether a transfer touches host memory
     SELECT DISTINCT short_name, hlo_category, tf_op, hlo_module, name FROM raw
-), wrapped AS (
-    SELECT *, $wrapped AS wrapped, $host_transfer AS host_transfer FROM combos
-), kinded AS (
-    SELECT *, $collective_kind AS collective_kind FROM wrapped
 ), classified AS (
-    SELECT *, $op_category AS category,
-           -- control-flow containers (while/conditional/call) enclose their body ops (see att_intervals)
-           $is_container AS is_container
-    FROM kinded
+    -- wrapped computation, host transfer, collective kind, category and control-flow container
+    -- (while/conditional/call: they enclose their body ops, see att_intervals): analyzer/classify.py
+    $classified_combos
 )
 SELECT r.run_id, r.host, r.device, r.line,
        -- the HLO text only where shapes are read (collective payloads, infeed batch): it is long

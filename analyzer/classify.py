@@ -134,6 +134,17 @@ def container_sql(short_name: str = "short_name") -> str:
     return f"regexp_matches(lower({short_name}), {sql_literal(_CONTAINER_REGEX)})"
 
 
+def classified_sql(source: str, op_category: str) -> str:
+    """``source``'s rows (columns name, short_name, hlo_category, tf_op, hlo_module) with their class:
+    wrapped, host_transfer, collective_kind, category (``op_category``: ``op_category_sql``'s text) and
+    is_container, each expression over the ones before it. The one classification of stage att_ops and
+    of the per-host narrow op kinds (analyzer/op_kinds.py)."""
+    return (f"SELECT *, {op_category} AS category, {container_sql()} AS is_container\n"
+            f"    FROM (SELECT *, {collective_kind_sql()} AS collective_kind\n"
+            f"          FROM (SELECT *, {wrapped_sql()} AS wrapped, {host_transfer_sql()} AS host_transfer\n"
+            f"                FROM {source}))")
+
+
 def dtype_sql(column: str = "coalesce(shape, name)") -> str:
     """The element type of an op from its shape text (e.g. ``f32[25557032]`` -> ``f32``)."""
     return (

@@ -22,12 +22,7 @@ and are narrowed afterwards (small runs; same result).
 from __future__ import annotations
 
 import duckdb
-from tpuanalyze.analyzer.classify import (
-    collective_kind_sql,
-    container_sql,
-    host_transfer_sql,
-    wrapped_sql,
-)
+from tpuanalyze.analyzer.classify import classified_sql
 
 # An op's line, properties (its event metadata's, or its event's own typed stats) and class: a kind.
 PROPERTY_COLUMNS = ("short_name", "hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed")
@@ -163,17 +158,13 @@ FROM k LEFT JOIN {batch('event_metadata', 'm')} m
 LEFT JOIN {batch('event_details', 'd')} d
   ON k.own_index IS NOT NULL AND d.run_id = k.run_id AND d.host = k.host AND d.plane_index = k.plane_index
  AND d.event_index = k.own_index""")
-        # 4. each distinct combination of properties classified once (the stage's CTEs combos..classified)
+        # 4. each distinct combination of properties classified once (as the stage classifies its combos)
         properties = ("line", "full_name", *PROPERTY_COLUMNS)
         con.execute(f"""CREATE OR REPLACE TEMP TABLE {classes} AS
 WITH combos AS (
     SELECT DISTINCT {', '.join(properties)}, full_name AS name FROM {keys}
-), wrapped AS (
-    SELECT *, {wrapped_sql()} AS wrapped, {host_transfer_sql()} AS host_transfer FROM combos
-), kinded AS (
-    SELECT *, {collective_kind_sql()} AS collective_kind FROM wrapped
 ), classified AS (
-    SELECT *, {subs['op_category']} AS category, {container_sql()} AS is_container FROM kinded
+    {classified_sql("combos", subs["op_category"])}
 )
 SELECT line, full_name, {', '.join(PROPERTY_COLUMNS)},
        CASE WHEN category IN ('collectives', 'input') THEN name END AS name, {', '.join(CLASS_COLUMNS)}
