@@ -6,9 +6,9 @@ name, category, module, framework op, shape), and its class (category, collectiv
 function of them. The stage ``att_ops`` (attribution.sql) classifies each distinct combination once
 but then joins the class back to every op row on five strings and writes every op's strings out,
 and ``op_steps`` copies them once more into the scratch file: together about half of a 512-host
-analysis's CPU time. Here an op row holds numbers (plus its line, category and collective kind,
-low-cardinality strings the readers filter on) and ``kind_id``, a key into the run's ``op kinds``
-table, one row per distinct combination of the op's properties and class. Views join them back, so
+analysis's CPU time. Here an op row holds numbers (plus its collective kind, which the evidence SQL
+filters on) and ``kind_id``, a key into the run's ``op kinds`` table, one row per distinct
+combination of the op's line, properties and class. Views join them back, so
 the stages after ``att_ops``, ``op_steps``' readers and the findings' evidence SQL see the stage's
 columns, types and rows (tests/test_op_kinds.py checks it on every capture).
 
@@ -46,8 +46,9 @@ OP_STEPS_COLUMNS = ("run_id", "host", "device_ordinal", "short_name", "name", "c
 # stored first fill row groups of their own, which the filter then skips the compute ops' by statistics)
 OP_STEPS_OWN = ("run_id", "host", "device_ordinal", "kind_id", "collective_kind", "start_ps", "duration_ps",
                 "step_num", "step_start", "step_is_eval")
-# the typed stats an event may hold itself (event_details) that make an op's properties its own
-_OWN_PROPERTIES = ("hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed")
+# the typed stats an event may hold itself (event_details) that make an op's properties its own (its
+# short name is always its metadata's)
+_OWN_PROPERTIES = tuple(c for c in PROPERTY_COLUMNS if c != "short_name")
 
 
 def fast_path(flags: dict[str, bool] | None) -> bool:
