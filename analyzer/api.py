@@ -223,6 +223,7 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
         with scratch_database(con, largest_batch_events(con, run_id)):
             reduce = BatchReduce(run_id)
             rel = materialize_per_host(con, run_id, config, batches, on_batch=reduce.add_batch)
+            reduce.finish(con)
             rel.update(reduce.relations())
             return _analyze(con, run_id, run, config, rel, reduce.collectives)
     finally:

@@ -9,28 +9,45 @@ import duckdb
 from tpuanalyze.analyzer.collectives import CollectivePartials
 from tpuanalyze.analyzer.input import infeed_sql
 from tpuanalyze.analyzer.ops import ops_partial_sql
-from tpuanalyze.analyzer.per_host import append_rows
+from tpuanalyze.analyzer.per_host import SCRATCH, concat_tables
 
 
 class BatchReduce:
-    """Partial aggregates of the run's op rows, batch by batch: ``add_batch`` is per_host's hook;
-    ``relations()`` names the TEMP tables of partials (``ops_parts``, ``infeed_parts``) for the readers,
-    ``collectives`` the collective partials for ``collectives_frame``."""
+    """Partial aggregates of the run's op rows, batch by batch: ``add_batch`` is per_host's hook (batches
+    may come in any order, from threads, each on its own cursor); ``finish`` combines them in batch order
+    into TEMP tables of the caller's connection, ``relations()`` names them (``ops_parts``,
+    ``infeed_parts``) for the readers, ``collectives`` the collective partials for ``collectives_frame``."""
 
     def __init__(self, run_id: int, prefix: str = "ta_") -> None:
         self.run_id = int(run_id)
         self.collectives = CollectivePartials()
+        self._prefix = prefix
         self._tables = {"ops_parts": f"{prefix}ops_parts", "infeed_parts": f"{prefix}infeed_parts"}
-        self._batches = 0
+        self._batches: dict[int, CollectivePartials] = {}
+        self._done = False
 
-    def add_batch(self, con: duckdb.DuckDBPyConnection, op_rows: str) -> None:
-        """Add one batch's op rows (a relation with op_steps' columns)."""
+    def _part(self, key: str, index: int) -> str:
+        return f"{SCRATCH}.{self._prefix}b{index}_{key}"
+
+    def add_batch(self, con: duckdb.DuckDBPyConnection, op_rows: str, index: int) -> None:
+        """Add batch ``index``'s op rows (a relation with op_steps' columns) into its partial tables
+        (in the scratch database: the caller's connection reads them)."""
         selects = {"ops_parts": ops_partial_sql(self.run_id, op_rows), "infeed_parts": infeed_sql(op_rows)}
         for key, select in selects.items():
-            append_rows(con, self._tables[key], select, self._batches == 0)
-        self.collectives.add(con, op_rows)
-        self._batches += 1
+            con.execute(f"CREATE OR REPLACE TABLE {self._part(key, index)} AS {select}")
+        partials = CollectivePartials()
+        partials.add(con, op_rows)
+        self._batches[index] = partials
+
+    def finish(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Combine the batches' partials, in batch order (as one connection adding them in turn)."""
+        order = sorted(self._batches)
+        for key, table in self._tables.items():
+            concat_tables(con, table, [self._part(key, i) for i in order])
+        for i in order:
+            self.collectives.extend(self._batches.pop(i))
+        self._done = bool(order)
 
     def relations(self) -> dict[str, str]:
         """Relation names of the partials (none before the first batch)."""
-        return dict(self._tables) if self._batches else {}
+        return dict(self._tables) if self._done else {}

@@ -73,6 +73,14 @@ class CollectivePartials:
         finally:
             con.execute(f"DROP TABLE IF EXISTS {rows}")
 
+    def extend(self, other: CollectivePartials) -> None:
+        """Add another batch's partials after this one's (batches combined in their order)."""
+        self.rows += other.rows
+        self.dev_steps += other.dev_steps
+        for name in ("payloads", "dtypes", "durations", "instances", "step_nums"):
+            getattr(self, name).extend(getattr(other, name))
+        self._shapes.update(other._shapes)
+
     def _add_rows(self, con: duckdb.DuckDBPyConnection, rows: str) -> None:
         n = int(con.execute(f"SELECT count(*) FROM {rows}").fetchone()[0])
         if not n:

@@ -21,6 +21,8 @@ and are narrowed afterwards (small runs; same result).
 
 from __future__ import annotations
 
+import threading
+
 import duckdb
 from tpuanalyze.analyzer.classify import classified_sql
 
@@ -62,58 +64,64 @@ def _same(a: str, b: str, columns: tuple[str, ...]) -> str:
 
 
 class OpKinds:
-    """The run's op kinds (a TEMP table ``table``), grown batch by batch; ``narrow`` builds a batch's
-    narrow op rows and the ``att_ops`` view over them."""
+    """The run's op kinds (table ``table``: TEMP, or one in an attached database that the cursors of
+    batches attributed in threads share), grown batch by batch; ``narrow`` builds a batch's narrow op
+    rows and the ``att_ops`` view over them."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, table: str) -> None:
-        self.con, self.table = con, table
+    def __init__(self, con: duckdb.DuckDBPyConnection, table: str, temp: bool = True) -> None:
+        self.con, self.table, self.temp = con, table, temp
         self._created = False
+        self._lock = threading.Lock()  # one batch at a time adds kinds: ids stay unique and dense
 
-    def _add(self, classes: str) -> None:
-        """Add the kinds of relation ``classes`` (KIND_COLUMNS) not in the table yet."""
+    def _add(self, con: duckdb.DuckDBPyConnection, classes: str) -> None:
+        """Add the kinds of relation ``classes`` (KIND_COLUMNS) not in the table yet (each statement
+        commits before the lock is let go: the next batch's sees its kinds)."""
         kinds = ", ".join(KIND_COLUMNS)
-        if not self._created:
-            self.con.execute(f"CREATE OR REPLACE TEMP TABLE {self.table} AS SELECT "
-                             f"CAST(row_number() OVER () - 1 AS INTEGER) AS kind_id, * "
-                             f"FROM (SELECT DISTINCT {kinds} FROM {classes})")
-            self._created = True
-            return
-        self.con.execute(
-            f"INSERT INTO {self.table} SELECT CAST((SELECT coalesce(max(kind_id), -1) FROM {self.table}) "
-            f"+ row_number() OVER () AS INTEGER), * FROM (SELECT DISTINCT {kinds} FROM {classes}) n "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {self.table} k WHERE {_same('k', 'n', KIND_COLUMNS)})")
+        with self._lock:
+            if not self._created:
+                con.execute(f"CREATE OR REPLACE {'TEMP ' if self.temp else ''}TABLE {self.table} AS SELECT "
+                            f"CAST(row_number() OVER () - 1 AS INTEGER) AS kind_id, * "
+                            f"FROM (SELECT DISTINCT {kinds} FROM {classes})")
+                self._created = True
+                return
+            con.execute(
+                f"INSERT INTO {self.table} SELECT CAST((SELECT coalesce(max(kind_id), -1) FROM {self.table}) "
+                f"+ row_number() OVER () AS INTEGER), * FROM (SELECT DISTINCT {kinds} FROM {classes}) n "
+                f"WHERE NOT EXISTS (SELECT 1 FROM {self.table} k WHERE {_same('k', 'n', KIND_COLUMNS)})")
 
     def narrow(self, subs: dict[str, str], stage_sql: str, flags: dict[str, bool] | None,
-               local: str) -> tuple[str, str]:
+               local: str, con: duckdb.DuckDBPyConnection | None = None) -> tuple[str, str]:
         """Create the batch's narrow op rows (TEMP TABLE ``<local>op_rows``) and the ``att_ops`` view
-        over them and the kinds (``<local>att_ops``); return (rows, view). ``subs`` are the batch's
-        stage substitutions, ``stage_sql`` the stage's text for runs off the fast path."""
+        over them and the kinds (``<local>att_ops``) on ``con`` (default: the table's connection);
+        return (rows, view). ``subs`` are the batch's stage substitutions, ``stage_sql`` the stage's
+        text for runs off the fast path."""
+        con = self.con if con is None else con
         rows, view = f"{local}op_rows", f"{local}att_ops"
         if fast_path(flags):
-            self._narrow_device_ops(subs, local, rows)
+            self._narrow_device_ops(con, subs, local, rows)
         else:
-            self._narrow_stage_rows(stage_sql, local, rows)
+            self._narrow_stage_rows(con, stage_sql, local, rows)
         cols = ", ".join(f"o.{c}" if c in ROW_COLUMNS else f"k.{c}" for c in ATT_OPS_COLUMNS)
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT {cols} "
-                         f"FROM {rows} o JOIN {self.table} k USING (kind_id)")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT {cols} "
+                    f"FROM {rows} o JOIN {self.table} k USING (kind_id)")
         return rows, view
 
-    def _narrow_stage_rows(self, stage_sql: str, local: str, rows: str) -> None:
+    def _narrow_stage_rows(self, con: duckdb.DuckDBPyConnection, stage_sql: str, local: str,
+                           rows: str) -> None:
         """The stage's wide rows, then narrowed: their kinds added, each row keyed to its kind."""
         wide = f"{local}op_wide"
-        con = self.con
         con.execute(f"CREATE OR REPLACE TEMP TABLE {wide} AS {stage_sql}")
         try:
-            self._add(wide)
+            self._add(con, wide)
             cols = ", ".join(f"k.{c}" if c == "kind_id" else f"w.{c}" for c in ROW_COLUMNS)
             con.execute(f"CREATE OR REPLACE TEMP TABLE {rows} AS SELECT {cols} FROM {wide} w "
                         f"JOIN {self.table} k ON {_same('k', 'w', KIND_COLUMNS)}")
         finally:
             con.execute(f"DROP TABLE IF EXISTS {wide}")
 
-    def _narrow_device_ops(self, subs: dict[str, str], local: str, rows: str) -> None:
+    def _narrow_device_ops(self, con: duckdb.DuckDBPyConnection, subs: dict[str, str], local: str,
+                           rows: str) -> None:
         """The device branch of stage att_ops from the base tables (module docstring)."""
-        con = self.con
         lines, events = f"{local}op_lines", f"{local}op_events"
         keys, classes = f"{local}op_keys", f"{local}op_classes"
         run = subs["run_filter"]
@@ -171,7 +179,7 @@ SELECT line, full_name, {', '.join(PROPERTY_COLUMNS)},
        CASE WHEN category IN ('collectives', 'input') THEN name END AS name, {', '.join(CLASS_COLUMNS)}
 FROM classified""")
         try:
-            self._add(classes)
+            self._add(con, classes)
             # 5. the op rows keyed to their kinds; the async line only contributes collective spans
             con.execute(f"""CREATE OR REPLACE TEMP TABLE {rows} AS
 WITH keyed AS (

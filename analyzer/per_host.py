@@ -9,24 +9,32 @@ hosts, each host's query reading only that host's row groups:
 2. ``att_programs`` per host, appended into the run's program executions (small: one row per program
    execution per device); the dominant program is then the run's, as in the whole-run SQL.
 3. The other stages per host. The per-host results that are small (steps, step breakdown, device
-   breakdown, collective time per step, eval and input spans) are appended into the run's TEMP tables;
+   breakdown, collective time per step, eval and input spans) become the run's TEMP tables;
    the elementary intervals (one row per op boundary) live only while their host is processed; a
    batch's ops are narrow rows over the run's op kinds (analyzer/op_kinds.py, ``att_ops`` a view); the
-   per-op relation ``op_steps`` is appended, narrow, into a table of a scratch database file (read
+   per-op relation ``op_steps`` is written, narrow, into a table per batch of a scratch database file (read
    through a view joining the kinds back), whose blocks DuckDB
    evicts to disk under its memory limit, so the reduce-side queries over it (the findings' evidence
    SQL) run in bounded memory; the readers whose result is a sum over hosts (top ops, collectives,
    infeed) take partial aggregates from each batch's op rows instead (a hook, ``on_batch``).
+
+Each pass runs over all batches, ``BATCH_THREADS`` batches at once, each on a cursor of its own in a
+thread (``in_threads``); what the batches share or hand on (the run's flags, programs and op kinds,
+each batch's results) lives in the scratch database, as a cursor sees only its own TEMP relations. The
+batches' results then become the caller's TEMP tables in batch order.
 
 The relations returned have the same names, columns and rows as ``materialize_run``'s (row order aside).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from string import Template
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 from tpuanalyze.analyzer.attribution import (
@@ -98,8 +106,97 @@ def append_rows(con: duckdb.DuckDBPyConnection, table: str, select: str, first: 
         con.execute(f"INSERT INTO {table} {select}")
 
 
-# The reduce-side hook: called with each batch's op rows (a relation with op_steps' columns).
-BatchHook = Callable[[duckdb.DuckDBPyConnection, str], None]
+def concat_tables(con: duckdb.DuckDBPyConnection, target: str, parts: list[str], temp: bool = True) -> None:
+    """(TEMP) TABLE ``target`` holding the rows of tables ``parts`` one after the other (their order:
+    the batches', as one connection appending them in turn would have written them); parts dropped."""
+    for i, part in enumerate(parts):
+        if i == 0:
+            con.execute(f"CREATE OR REPLACE {'TEMP ' if temp else ''}TABLE {target} AS SELECT * FROM {part}")
+        else:
+            con.execute(f"INSERT INTO {target} SELECT * FROM {part}")
+        con.execute(f"DROP TABLE {part}")
+
+
+# The reduce-side hook: called with each batch's op rows (a relation with op_steps' columns) and the
+# batch's index, on the cursor that made them (any thread: partials are combined in batch order after).
+BatchHook = Callable[[duckdb.DuckDBPyConnection, str, int], None]
+
+# Batches attributed at once, each on its own cursor in a thread of its own: DuckDB runs a statement
+# without Python's lock, and one batch's statements keep only ~1.5 of two cores busy (single-threaded
+# inserts, short statements, the sweep in numpy), so two batches side by side fill them
+# (docs/attribution.md, "Batches in threads"). TPUANALYZE_BATCH_THREADS overrides (1: one at a time).
+BATCH_THREADS = 2
+
+
+def batch_threads(batches: int) -> int:
+    """Threads for ``batches`` batches: BATCH_THREADS, or TPUANALYZE_BATCH_THREADS, at most one per batch."""
+    text = os.environ.get("TPUANALYZE_BATCH_THREADS", "").strip()
+    wanted = int(text) if text.isdigit() and int(text) > 0 else BATCH_THREADS
+    return max(1, min(wanted, batches))
+
+
+T = TypeVar("T")
+
+
+def in_threads(con: duckdb.DuckDBPyConnection, threads: int, count: int,
+               work: Callable[[duckdb.DuckDBPyConnection, int], T]) -> list[T]:
+    """``work(cursor, i)`` for i in 0..count-1, ``threads`` at a time, each thread on a cursor of its own
+    (its TEMP relations its own; the scratch database shared); results in order. The first failure is
+    raised once every batch started has stopped; Ctrl-C interrupts the cursors' statements."""
+    if threads <= 1:
+        return [work(con, i) for i in range(count)]
+    local = threading.local()
+    cursors: list[duckdb.DuckDBPyConnection] = []
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def cursor() -> duckdb.DuckDBPyConnection:
+        cur = getattr(local, "cursor", None)
+        if cur is None:
+            cur = con.cursor()
+            cur.execute("SET enable_progress_bar = false")
+            local.cursor = cur
+            with lock:
+                cursors.append(cur)
+        return cur
+
+    def task(i: int) -> T | None:
+        if failed.is_set():  # a batch failed: the others are not started
+            return None
+        try:
+            return work(cursor(), i)
+        except BaseException:
+            failed.set()
+            raise
+
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ta-batch")
+    futures = [pool.submit(task, i) for i in range(count)]
+    try:
+        results = [future.result() for future in futures]
+    except BaseException:
+        failed.set()
+        for future in futures:
+            future.cancel()
+        with lock:
+            for cur in cursors:
+                cur.interrupt()
+        pool.shutdown(wait=True)
+        _close(cursors)
+        for future in futures:  # the first batch that failed (in batch order) is the one to report
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                raise future.exception() from None  # type: ignore[misc]
+        raise
+    pool.shutdown(wait=True)
+    _close(cursors)
+    return results  # type: ignore[return-value]
+
+
+def _close(cursors: list[duckdb.DuckDBPyConnection]) -> None:
+    for cur in cursors:
+        try:
+            cur.close()
+        except duckdb.Error:
+            pass
 
 
 def _append_op_rows(con: duckdb.DuckDBPyConnection, op_rows: str, rows: str) -> None:
@@ -107,16 +204,6 @@ def _append_op_rows(con: duckdb.DuckDBPyConnection, op_rows: str, rows: str) -> 
     whose statistics let the findings' evidence SQL (``collective_kind IN (...)``) skip the compute ops'."""
     con.execute(f"INSERT INTO {op_rows} SELECT * FROM ({rows}) WHERE collective_kind IS NOT NULL")
     con.execute(f"INSERT INTO {op_rows} SELECT * FROM ({rows}) WHERE collective_kind IS NULL")
-
-
-def _op_steps_with_hook(con: duckdb.DuckDBPyConnection, op_rows: str, kinds: str, text: str,
-                        on_batch: BatchHook) -> None:
-    """Append the batch's op rows to the run's and hand them to ``on_batch`` with op_steps' columns:
-    the rows from the row count before on (an append-only table numbers its rows in order, and a rowid
-    filter reads only the row groups holding them), so the partial aggregates read the batch, not the run."""
-    before = int(con.execute(f"SELECT count(*) FROM {op_rows}").fetchone()[0])
-    _append_op_rows(con, op_rows, text)
-    on_batch(con, f"({op_steps_select(op_rows, kinds, f'o.rowid >= {before}')})")
 
 
 @contextmanager
@@ -135,14 +222,17 @@ def _op_rows(con: duckdb.DuckDBPyConnection, text: str, rows: str, kinds: str,
 
 def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
                          batches: list[tuple[str, str]], prefix: str = "ta_",
-                         on_batch: BatchHook | None = None) -> dict[str, str]:
+                         on_batch: BatchHook | None = None, threads: int | None = None) -> dict[str, str]:
     """Create the run's relations batch of hosts by batch (module docstring); return stage name ->
     relation name. ``on_batch``, when given, is called with each batch's op rows once they are made
-    (the reduce side's partial aggregates, analyzer/batch_reduce.py).
-    The connection must have the scratch database attached as ``ta_scratch``."""
+    (the reduce side's partial aggregates, analyzer/batch_reduce.py). ``threads``: batches attributed
+    at once (default ``batch_threads``). The connection must have the scratch database attached as
+    ``ta_scratch``; the run-wide relations the batches read live there (a cursor sees no other's TEMP)."""
     stages = dict(load_stages())
     run_filter = f"run_id = {int(run_id)}"
-    local = f"{prefix}h_"  # one host's relations, replaced host after host
+    local = f"{prefix}h_"  # one batch's relations (TEMP, on the batch's cursor), replaced batch after batch
+    shared = f"{SCRATCH}.{prefix}"  # the run's relations the batches read, and each batch's results
+    threads = batch_threads(len(batches)) if threads is None else max(1, min(threads, len(batches)))
 
     flags: dict[str, bool] | None = None  # the run's, once pass 1 has found them
 
@@ -152,95 +242,132 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     def sql(name: str, relation: dict[str, str], host: tuple[str, str]) -> str:
         return Template(stages[name]).safe_substitute(subs(relation, host))
 
-    def run(kind: str, table: str, text: str, stage: str) -> None:
+    def run(cur: duckdb.DuckDBPyConnection, kind: str, table: str, text: str, stage: str) -> None:
         try:
-            con.execute(f"CREATE OR REPLACE TEMP {kind} {table} AS {text}")
+            cur.execute(f"CREATE OR REPLACE {kind} {table} AS {text}")
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage {stage} failed: {exc}") from exc
 
+    def part(name: str, i: int) -> str:  # batch i's rows of a run-wide relation
+        return f"{shared}b{i}_{name}"
+
     # pass 1: the run's flags, OR over the hosts
-    for i, host in enumerate(batches):
-        append_rows(con, f"{prefix}att_runs_parts", sql("att_runs", {}, host), i == 0)
-    run("TABLE", f"{prefix}att_runs",
+    def pass1(cur: duckdb.DuckDBPyConnection, i: int) -> None:
+        run(cur, "TABLE", part("att_runs", i), sql("att_runs", {}, batches[i]), "att_runs")
+
+    in_threads(con, threads, len(batches), pass1)
+    parts = " UNION ALL ".join(f"SELECT * FROM {part('att_runs', i)}" for i in range(len(batches)))
+    run(con, "TABLE", f"{shared}att_runs",
         f"SELECT run_id, {', '.join(f'bool_or({f}) AS {f}' for f in RUN_FLAGS)} "
-        f"FROM {prefix}att_runs_parts GROUP BY run_id", "att_runs")
-    con.execute(f"DROP TABLE {prefix}att_runs_parts")
-    runs_rel = {"att_runs": f"{prefix}att_runs"}
-    flags = run_flags(con, f"{prefix}att_runs")
+        f"FROM ({parts}) GROUP BY run_id", "att_runs")
+    for i in range(len(batches)):
+        con.execute(f"DROP TABLE {part('att_runs', i)}")
+    runs_rel = {"att_runs": f"{shared}att_runs"}
+    flags = run_flags(con, f"{shared}att_runs")
     known = flags or dict.fromkeys(RUN_FLAGS, False)
     has_dev, has_steps, has_modules, has_groups = (
         known[f] for f in ("has_device_planes", "has_steps_line", "has_modules_line", "has_group_ids"))
     # att_programs reads att_ops only for program executions found through host launches
     programs_need_ops = bool(has_dev and not has_modules and not has_steps and not has_groups)
 
-    kinds = OpKinds(con, f"{prefix}op_kinds")
+    kinds = OpKinds(con, f"{shared}op_kinds", temp=False)
 
-    def att_ops(relation: dict[str, str], host: tuple[str, str]) -> str:
+    def att_ops(cur: duckdb.DuckDBPyConnection, relation: dict[str, str], host: tuple[str, str]) -> str:
         """The batch's att_ops: narrow op rows over the run's kinds (analyzer/op_kinds.py), as a view."""
         try:
-            return kinds.narrow(subs(relation, host), sql("att_ops", relation, host), flags, local)[1]
+            return kinds.narrow(subs(relation, host), sql("att_ops", relation, host), flags, local, cur)[1]
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage att_ops failed: {exc}") from exc
 
     # pass 2: the run's program executions (the dominant program is the run's)
-    for i, host in enumerate(batches):
+    def pass2(cur: duckdb.DuckDBPyConnection, i: int) -> None:
+        host = batches[i]
         if programs_need_ops:
-            ops = att_ops(runs_rel, host)
+            ops = att_ops(cur, runs_rel, host)
         else:
             ops = f"{local}att_ops_none"
-            run("TABLE", ops, f"SELECT * FROM ({sql('att_ops', runs_rel, host)}) LIMIT 0", "att_ops")
+            none = f"SELECT * FROM ({sql('att_ops', runs_rel, host)}) LIMIT 0"
+            run(cur, "TEMP TABLE", ops, none, "att_ops")
         rel = {**runs_rel, "att_ops": ops}
-        append_rows(con, f"{prefix}att_programs", sql("att_programs", rel, host), i == 0)
-    con.execute(f"DROP TABLE IF EXISTS {local}att_ops_none")
+        run(cur, "TABLE", part("att_programs", i), sql("att_programs", rel, host), "att_programs")
+        cur.execute(f"DROP TABLE IF EXISTS {local}att_ops_none")
 
-    # pass 3: everything else, host by host
-    op_rows = f"{SCRATCH}.{prefix}op_rows"  # the run's narrow op_steps rows (OP_STEPS_OWN)
-    for i, host in enumerate(batches):
-        rel = {**runs_rel, "att_programs_run": f"{prefix}att_programs"}
+    in_threads(con, threads, len(batches), pass2)
+    concat_tables(con, f"{shared}att_programs", [part("att_programs", i) for i in range(len(batches))],
+                  temp=False)
+
+    # pass 3: everything else, batch by batch
+    op_rows = f"{shared}op_rows"  # the run's narrow op_steps rows (OP_STEPS_OWN), a table per batch
+    template = threading.Lock()  # the first batch there creates the op rows' (empty) template table
+    kept = [name for name in KEPT_STAGES if name not in ("att_runs", "att_programs")]
+
+    def pass3(cur: duckdb.DuckDBPyConnection, i: int) -> None:
+        host = batches[i]
+        rel = {**runs_rel, "att_programs_run": f"{shared}att_programs"}
         for name in stages:
             if name in ("att_runs", "op_steps"):
                 continue
             table = f"{local}{name}"
             if name == "att_programs":
-                run("VIEW", table, f"SELECT * FROM {prefix}att_programs WHERE host "
+                run(cur, "TEMP VIEW", table, f"SELECT * FROM {shared}att_programs WHERE host "
                     f"BETWEEN {sql_literal(host[0])} AND {sql_literal(host[1])}", name)
             elif name == "att_ops":
-                table = att_ops(rel, host)
-            elif not stage_without_sql(con, name, rel, table):
-                run(LOCAL_KIND.get(name, "TABLE"), table, sql(name, rel, host), name)
+                table = att_ops(cur, rel, host)
+            elif not stage_without_sql(cur, name, rel, table):
+                run(cur, f"TEMP {LOCAL_KIND.get(name, 'TABLE')}", table, sql(name, rel, host), name)
             rel[name] = table
-            if name in KEPT_STAGES and name != "att_programs":
-                append_rows(con, f"{prefix}{name}", f"SELECT * FROM {table}", i == 0)
+            if name in kept:
+                cur.execute(f"CREATE OR REPLACE TABLE {part(name, i)} AS SELECT * FROM {table}")
         # the batch's op-boundary relations are read by no later stage: their memory goes to op_steps
         for name in FREED_BEFORE_OP_STEPS:
-            con.execute(f"DROP {LOCAL_KIND.get(name, 'TABLE')} IF EXISTS {local}{name}")
+            cur.execute(f"DROP {LOCAL_KIND.get(name, 'TABLE')} IF EXISTS {local}{name}")
         text = sql("op_steps", rel, host)
+        rows_table = f"{op_rows}_{i}"
         try:
-            if i == 0:  # (empty first: CREATE TABLE AS with the ASOF join plans far slower than INSERT)
-                con.execute(f"CREATE OR REPLACE TABLE {op_rows} AS SELECT * FROM "
-                            f"({kind_of_op_steps(text, kinds.table)}) LIMIT 0")
-            with _op_rows(con, text, f"{local}op_rows", kinds.table, rel) as rows:
-                if on_batch is None:
-                    _append_op_rows(con, op_rows, rows)
-                else:
-                    _op_steps_with_hook(con, op_rows, kinds.table, rows, on_batch)
+            with template:  # (empty first: CREATE TABLE AS with the ASOF join plans far slower than INSERT)
+                if not _exists(cur, f"{op_rows}_template"):
+                    cur.execute(f"CREATE TABLE {op_rows}_template AS SELECT * FROM "
+                                f"({kind_of_op_steps(text, kinds.table)}) LIMIT 0")
+            cur.execute(f"CREATE OR REPLACE TABLE {rows_table} AS SELECT * FROM {op_rows}_template")
+            with _op_rows(cur, text, f"{local}op_rows", kinds.table, rel) as rows:
+                _append_op_rows(cur, rows_table, rows)
+            if on_batch is not None:
+                on_batch(cur, f"({op_steps_select(rows_table, kinds.table)})", i)
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage op_steps failed: {exc}") from exc
-    for name in stages:
-        kind = "VIEW" if name == "att_programs" else LOCAL_KIND.get(name, "TABLE")
-        con.execute(f"DROP {kind} IF EXISTS {local}{name}")
-    con.execute(f"DROP TABLE IF EXISTS {local}op_rows")
+        for name in stages:
+            kind = "VIEW" if name == "att_programs" else LOCAL_KIND.get(name, "TABLE")
+            cur.execute(f"DROP {kind} IF EXISTS {local}{name}")
+        cur.execute(f"DROP TABLE IF EXISTS {local}op_rows")
+
+    in_threads(con, threads, len(batches), pass3)
+    con.execute(f"DROP TABLE IF EXISTS {op_rows}_template")
+    relation = {name: f"{prefix}{name}" for name in KEPT_STAGES}
+    # the kept relations as TEMP tables of the caller's connection, rows in batch order
+    for name in ("att_runs", "att_programs"):
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {prefix}{name} AS SELECT * FROM {shared}{name}")
+        con.execute(f"DROP TABLE {shared}{name}")
+    for name in kept:
+        concat_tables(con, f"{prefix}{name}", [part(name, i) for i in range(len(batches))])
     # written to the file: the readers' scans then page its blocks in and out under the memory limit
     con.execute(f"CHECKPOINT {SCRATCH}")
 
-    relation = {name: f"{prefix}{name}" for name in KEPT_STAGES}
-    # the run's op_steps: its narrow op rows joined to its op kinds (the stage's columns)
+    # the run's op_steps: its narrow op rows (a table per batch) joined to its op kinds (the stage's columns)
+    all_rows = "(" + " UNION ALL ".join(f"SELECT * FROM {op_rows}_{i}" for i in range(len(batches))) + ")"
     op_steps = f"{prefix}op_steps"
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {op_steps} AS {op_steps_select(op_rows, kinds.table)}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {op_steps} AS {op_steps_select(all_rows, kinds.table)}")
     relation["op_steps"] = op_steps
+    relation["op_kinds"] = kinds.table
     # the op rows of the run, as att_ops' readers use them (device, category, short_name, ...)
     # (a name of its own: the whole-run path's ta_att_ops is a table)
     con.execute(f"CREATE OR REPLACE TEMP VIEW {prefix}att_ops_all AS "
                 f"SELECT *, device_ordinal AS device FROM {op_steps}")
     relation["att_ops"] = f"{prefix}att_ops_all"
     return relation
+
+
+def _exists(con: duckdb.DuckDBPyConnection, qualified: str) -> bool:
+    """Whether table ``database.name`` exists."""
+    database, _, name = qualified.partition(".")
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
+                            [database, name]).fetchall()[0][0])

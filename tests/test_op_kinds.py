@@ -129,7 +129,7 @@ def test_per_host_op_steps_equal_the_whole_run(tmp_path: Path, monkeypatch: pyte
             n = con.execute(f"SELECT count(*) FROM {rel['op_steps']}").fetchall()[0][0]
             assert n == con.execute(f"SELECT count(*) FROM {whole['att_ops']}").fetchall()[0][0] > 1000
             # one kind per distinct combination over the run: the hosts' batches share them
-            kinds = con.execute("SELECT count(*) FROM b_op_kinds").fetchall()[0][0]
+            kinds = con.execute(f"SELECT count(*) FROM {rel['op_kinds']}").fetchall()[0][0]
             distinct = con.execute(f"SELECT count(*) FROM (SELECT DISTINCT {', '.join(KIND_COLUMNS)} "
                                    f"FROM {whole['att_ops']})").fetchall()[0][0]
             assert kinds == distinct < n / 50
