@@ -46,24 +46,18 @@ def numpy_elementary(con: duckdb.DuckDBPyConnection, intervals: str, steps: str,
     con.execute(f"CREATE OR REPLACE TEMP TABLE {target}_devs AS "
                 f"SELECT run_id, host, device, (row_number() OVER (ORDER BY run_id, host, device) - 1)"
                 f"::INTEGER AS dev_id FROM (SELECT DISTINCT run_id, host, device FROM {intervals})")
-    # every interval is a +1 at its start and a -1 at its end, sorted by (device, time) in DuckDB (under
-    # its memory limit); a point's category, kind and sign packed into one byte (_END, below); a
-    # category the sweep does not know (the SQL's NULL cat_bit) makes boundaries but counts nowhere
-    points = con.execute(
-        f"WITH iv AS (SELECT d.dev_id, coalesce(CASE i.category {cat_case} END, {_NO_CATEGORY}) * 8 "
-        f"+ coalesce(CASE i.kind {kind_case} END, {_NO_KIND}) AS code, i.start_ps, i.end_ps "
-        f"FROM {intervals} i JOIN {target}_devs d ON {_same_device('i')}) "
-        f"SELECT dev_id, ts, code::UTINYINT AS code FROM (SELECT dev_id, start_ps AS ts, code FROM iv "
-        f"UNION ALL SELECT dev_id, end_ps, code + {_END} FROM iv) ORDER BY dev_id, ts").fetchnumpy()
+    # every interval is a +1 at its start and a -1 at its end, sorted by (device, time); a point's
+    # category, kind and sign packed into one byte (_END, below); a category the sweep does not know
+    # (the SQL's NULL cat_bit) makes boundaries but counts nowhere
+    iv = (f"SELECT d.dev_id, coalesce(CASE i.category {cat_case} END, {_NO_CATEGORY}) * 8 "
+          f"+ coalesce(CASE i.kind {kind_case} END, {_NO_KIND}) AS code, i.start_ps, i.end_ps "
+          f"FROM {intervals} i JOIN {target}_devs d ON {_same_device('i')}")
+    p_dev, p_ts, p_code = _sorted_points(con, iv)
     st = con.execute(
         f"SELECT d.dev_id, s.start_ps, max(s.end_ps) AS end_ps FROM {steps} s "
         # the steps of a NULL device are nobody's (the SQL's ASOF join matches devices by equality)
         f"JOIN {target}_devs d USING (run_id, host, device) GROUP BY ALL "
         f"ORDER BY d.dev_id, s.start_ps").fetchnumpy()
-    p_dev = _np(points.pop("dev_id"), np.int32)
-    p_ts = _np(points.pop("ts"), np.int64)
-    p_code = _np(points.pop("code"), np.uint8)
-    del points
     o_dev, o_ts, o_len, o_cat, o_flags = _sweep(p_dev, p_ts, p_code)
     del p_dev, p_ts, p_code
     s_start = _np(st["start_ps"], np.int64)
@@ -90,6 +84,36 @@ def numpy_elementary(con: duckdb.DuckDBPyConnection, intervals: str, steps: str,
     finally:
         con.unregister(arrow_name)
         con.execute(f"DROP TABLE IF EXISTS {target}_devs")
+
+
+def _sorted_points(con: duckdb.DuckDBPyConnection, iv: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(device, time, code) of every start and end point of the intervals ``iv`` (dev_id, code, start_ps,
+    end_ps), sorted by device and time. Sorted in numpy on one packed int64 key where device and time
+    fit (a 512-host pod: 0.39 CPU s per batch of 1M events against 0.68 for DuckDB's ORDER BY of the
+    points); the order of points at one instant of a device does not matter to the sweep (every
+    counter is read after the last of them). Intervals with a NULL end: DuckDB's order, as before."""
+    fetched = con.execute(iv).fetchnumpy()
+    if any(np.ma.getmaskarray(fetched[c]).any() for c in ("dev_id", "start_ps", "end_ps")):
+        points = con.execute(
+            f"WITH iv AS ({iv}) SELECT dev_id, ts, code::UTINYINT AS code FROM (SELECT dev_id, start_ps "
+            f"AS ts, code FROM iv UNION ALL SELECT dev_id, end_ps, code + {_END} FROM iv) ORDER BY dev_id, ts"
+        ).fetchnumpy()
+        return (_np(points["dev_id"], np.int32), _np(points["ts"], np.int64), _np(points["code"], np.uint8))
+    dev = _np(fetched["dev_id"], np.int64)
+    code = _np(fetched["code"], np.uint8)
+    ts = np.concatenate([_np(fetched["start_ps"], np.int64), _np(fetched["end_ps"], np.int64)])
+    del fetched
+    dev = np.concatenate([dev, dev])
+    code = np.concatenate([code, code + np.uint8(_END)])
+    if not len(ts):
+        return dev.astype(np.int32), ts, code
+    low = int(ts.min())
+    time_bits = (int(ts.max()) - low).bit_length()
+    if time_bits + int(dev.max()).bit_length() <= 62:
+        order = np.argsort((dev << time_bits) | (ts - low))
+    else:  # a capture spanning too long a time for one key
+        order = np.lexsort((ts, dev))
+    return dev[order].astype(np.int32), ts[order], code[order]
 
 
 # a point's code (one byte): bit 7 set = an end (-1), bits 3-6 the category (_CATEGORIES; 15 = none),

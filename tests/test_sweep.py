@@ -94,20 +94,22 @@ KINDS = (None, "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 
 @st.composite
 def interval_sets(draw: st.DrawFn) -> tuple[list[tuple], list[tuple]]:
-    """Intervals on a coarse time grid (many shared boundaries) on 1-3 devices, with steps."""
+    """Intervals on a coarse time grid (many shared boundaries) on 1-3 devices, with steps; the grid's
+    unit is 1 ps, 1 us or 2^56 ps (times too far apart for the sweep's packed sort key: its other sort)."""
     intervals, steps = [], []
+    unit = draw(st.sampled_from([1, 10**6, 2**56]))
     for device in (0, None, 2)[:draw(st.integers(1, 3))]:  # a NULL device is a device too
         for _ in range(draw(st.integers(0, 25))):
             start = draw(st.integers(0, 40))
             length = draw(st.integers(0, 12))
             cat = draw(st.sampled_from(CATS))
             kind = draw(st.sampled_from(KINDS)) if cat == "collectives" else None
-            intervals.append((device, cat, kind, start, start + length))
+            intervals.append((device, cat, kind, start * unit, (start + length) * unit))
         t = draw(st.integers(0, 5))
         for _ in range(draw(st.integers(0, 4))):
             length = draw(st.integers(1, 15))
-            steps.append((device, t, t + length))
-            intervals.append((device, "step", None, t, t + length))
+            steps.append((device, t * unit, (t + length) * unit))
+            intervals.append((device, "step", None, t * unit, (t + length) * unit))
             t += length + draw(st.integers(-3, 4))  # overlapping, touching or gapped steps
     return intervals, steps
 
