@@ -173,7 +173,7 @@ def in_threads(con: duckdb.DuckDBPyConnection, threads: int, count: int,
     futures = [pool.submit(task, i) for i in range(count)]
     try:
         results = [future.result() for future in futures]
-    except BaseException:
+    except BaseException as exc:
         failed.set()
         for future in futures:
             future.cancel()
@@ -182,6 +182,8 @@ def in_threads(con: duckdb.DuckDBPyConnection, threads: int, count: int,
                 cur.interrupt()
         pool.shutdown(wait=True)
         _close(cursors)
+        if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: that, not the statements it interrupted
+            raise
         for future in futures:  # the first batch that failed (in batch order) is the one to report
             if future.done() and not future.cancelled() and future.exception() is not None:
                 raise future.exception() from None  # type: ignore[misc]

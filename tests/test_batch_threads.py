@@ -5,6 +5,8 @@ have stopped."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -58,6 +60,36 @@ def test_the_first_failing_batch_is_raised_after_the_others_stop() -> None:
         per_host.in_threads(con, 2, 50, work)
     assert 0 in finished  # the batch beside the failed one ran to its end before the error came out
     assert len(finished) < 49  # the batches not started yet never ran
+
+
+def test_ctrl_c_comes_out_as_itself_and_stops_the_statements_beside_it() -> None:
+    """Ctrl-C (a KeyboardInterrupt in the main thread, as the signal gives it) is what the caller gets,
+    not the error of a statement it interrupted; a long statement of a batch is interrupted, no new
+    batch starts."""
+    con = duckdb.connect()
+    started: list[int] = []
+    running = threading.Event()
+
+    def work(cur: duckdb.DuckDBPyConnection, i: int) -> None:
+        started.append(i)
+        if i == 0:
+            running.wait(5)
+            time.sleep(0.2)  # batch 1's statement is running by now
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+            return
+        if i == 1:
+            running.set()
+            try:  # minutes unless interrupted
+                cur.execute("SELECT count(*) FROM range(1000000000000) t(x) WHERE x % 7 = 3").fetchall()
+            except duckdb.Error as exc:
+                raise RuntimeError(f"attribution stage att_steps failed: {exc}") from exc
+        time.sleep(0.5)
+
+    began = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        per_host.in_threads(con, 2, 20, work)
+    assert time.perf_counter() - began < 30
+    assert len(started) <= 3
 
 
 def test_a_failing_sql_statement_in_a_thread_names_its_stage(tmp_path: Path) -> None:
