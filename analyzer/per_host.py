@@ -128,10 +128,14 @@ BatchHook = Callable[[duckdb.DuckDBPyConnection, str, int], None]
 BATCH_THREADS = 2
 
 
-def batch_threads(batches: int) -> int:
-    """Threads for ``batches`` batches: BATCH_THREADS, or TPUANALYZE_BATCH_THREADS, at most one per batch."""
+def batch_threads(batches: int, largest_events: int = 0) -> int:
+    """Threads for ``batches`` batches: BATCH_THREADS, or TPUANALYZE_BATCH_THREADS, at most one per batch;
+    one where a host alone is larger than a batch (``largest_events``: the largest batch's events), so
+    two such hosts never share the memory one of them is allowed (the analysis' bound: its largest host)."""
     text = os.environ.get("TPUANALYZE_BATCH_THREADS", "").strip()
     wanted = int(text) if text.isdigit() and int(text) > 0 else BATCH_THREADS
+    if largest_events > BATCH_EVENTS:
+        wanted = 1
     return max(1, min(wanted, batches))
 
 
@@ -228,13 +232,16 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     """Create the run's relations batch of hosts by batch (module docstring); return stage name ->
     relation name. ``on_batch``, when given, is called with each batch's op rows once they are made
     (the reduce side's partial aggregates, analyzer/batch_reduce.py). ``threads``: batches attributed
-    at once (default ``batch_threads``). The connection must have the scratch database attached as
-    ``ta_scratch``; the run-wide relations the batches read live there (a cursor sees no other's TEMP)."""
+    at once (default ``batch_threads``: 2, or 1 where a host is larger than a batch). The connection
+    must have the scratch database attached as ``ta_scratch``; the run-wide relations the batches read
+    live there (a cursor sees no other's TEMP)."""
     stages = dict(load_stages())
     run_filter = f"run_id = {int(run_id)}"
     local = f"{prefix}h_"  # one batch's relations (TEMP, on the batch's cursor), replaced batch after batch
     shared = f"{SCRATCH}.{prefix}"  # the run's relations the batches read, and each batch's results
-    threads = batch_threads(len(batches)) if threads is None else max(1, min(threads, len(batches)))
+    if threads is None:
+        threads = batch_threads(len(batches), largest_batch_events(con, run_id))
+    threads = max(1, min(threads, len(batches)))
 
     flags: dict[str, bool] | None = None  # the run's, once pass 1 has found them
 

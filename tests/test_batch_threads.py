@@ -115,6 +115,9 @@ def test_batch_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert per_host.batch_threads(10) == 3
     monkeypatch.setenv("TPUANALYZE_BATCH_THREADS", "zero")
     assert per_host.batch_threads(10) == per_host.BATCH_THREADS
+    # a host larger than a batch: one batch at a time, as memory is bounded by the largest host
+    assert per_host.batch_threads(10, per_host.BATCH_EVENTS) == per_host.BATCH_THREADS
+    assert per_host.batch_threads(10, per_host.BATCH_EVENTS + 1) == 1
 
 
 def _kept_rows(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) -> dict[str, list[tuple]]:
