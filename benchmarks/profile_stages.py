@@ -6,11 +6,14 @@ creates (attribution stages, per-host batches summed) or by its first words (the
 Where the analysis time goes, statement by statement, on an ingested database (e.g. the 64-host pod of
 ``tpuanalyze generate --model resnet50 --chips 4096 --hosts 64``). CPU seconds are the process's (DuckDB's
 threads included): on a shared, loaded machine they are the comparable figure, wall seconds are not.
+The batches of hosts run one at a time here (``TPUANALYZE_BATCH_THREADS=1``), so each statement's time is
+its own; ``tpuanalyze report`` runs two at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import resource
 import time
@@ -50,6 +53,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
 
+    # one batch at a time, on this connection: the batches' threads would run their statements on
+    # cursors this wrapper does not see, and each statement's CPU seconds would be both threads'
+    os.environ["TPUANALYZE_BATCH_THREADS"] = "1"
     from tpuanalyze.analyzer import api
     from tpuanalyze.store.database import open_database
 

@@ -79,16 +79,22 @@ def test_ctrl_c_comes_out_as_itself_and_stops_the_statements_beside_it() -> None
             return
         if i == 1:
             running.set()
-            try:  # minutes unless interrupted
-                cur.execute("SELECT count(*) FROM range(1000000000000) t(x) WHERE x % 7 = 3").fetchall()
+            try:  # tens of seconds unless interrupted
+                cur.execute("SELECT count(*) FROM range(10000000000) t(x) WHERE x % 7 = 3").fetchall()
             except duckdb.Error as exc:
                 raise RuntimeError(f"attribution stage att_steps failed: {exc}") from exc
         time.sleep(0.5)
 
-    began = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
-        per_host.in_threads(con, 2, 20, work)
-    assert time.perf_counter() - began < 30
+    # Python's own SIGINT handler (a test runner's worker may have set another, or ignore SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        began = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            per_host.in_threads(con, 2, 20, work)
+        elapsed = time.perf_counter() - began
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert elapsed < 8  # the statement alone runs for tens of seconds
     assert len(started) <= 3
 
 
