@@ -129,11 +129,12 @@ BATCH_THREADS = 2
 
 
 def batch_threads(batches: int, largest_events: int = 0) -> int:
-    """Threads for ``batches`` batches: BATCH_THREADS, or TPUANALYZE_BATCH_THREADS, at most one per batch;
+    """Threads for ``batches`` batches: BATCH_THREADS (at most the machine's cores), or
+    TPUANALYZE_BATCH_THREADS, at most one per batch;
     one where a host alone is larger than a batch (``largest_events``: the largest batch's events), so
     two such hosts never share the memory one of them is allowed (the analysis' bound: its largest host)."""
     text = os.environ.get("TPUANALYZE_BATCH_THREADS", "").strip()
-    wanted = int(text) if text.isdigit() and int(text) > 0 else BATCH_THREADS
+    wanted = int(text) if text.isdigit() and int(text) > 0 else min(BATCH_THREADS, os.cpu_count() or 1)
     if largest_events > BATCH_EVENTS:
         wanted = 1
     return max(1, min(wanted, batches))

@@ -113,6 +113,10 @@ def test_a_failing_sql_statement_in_a_thread_names_its_stage(tmp_path: Path) -> 
 
 def test_batch_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TPUANALYZE_BATCH_THREADS", raising=False)
+    assert per_host.batch_threads(10) == min(per_host.BATCH_THREADS, os.cpu_count() or 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # one core: one batch at a time
+    assert per_host.batch_threads(10) == 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert per_host.batch_threads(10) == per_host.BATCH_THREADS
     assert per_host.batch_threads(1) == 1
     monkeypatch.setenv("TPUANALYZE_BATCH_THREADS", "1")
