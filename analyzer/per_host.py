@@ -98,14 +98,6 @@ def host_batches(con: duckdb.DuckDBPyConnection, run_id: int,
     return batches
 
 
-def append_rows(con: duckdb.DuckDBPyConnection, table: str, select: str, first: bool) -> None:
-    """A TEMP table of ``select``'s rows when ``first``, else those rows appended to it."""
-    if first:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {select}")
-    else:
-        con.execute(f"INSERT INTO {table} {select}")
-
-
 def concat_tables(con: duckdb.DuckDBPyConnection, target: str, parts: list[str], temp: bool = True) -> None:
     """(TEMP) TABLE ``target`` holding the rows of tables ``parts`` one after the other (their order:
     the batches', as one connection appending them in turn would have written them); parts dropped."""

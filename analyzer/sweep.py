@@ -5,7 +5,7 @@ attribution.sql states the sweep in SQL (a window of two packed HUGEINT running 
 boundary), and that text stays the definition: the persistent ``att_elementary`` view runs it. On a pod
 that window was the analysis's largest cost (~4.5 CPU s per million events), so ``materialize_run`` and
 ``materialize_per_host`` build the stage here instead: the same rows, columns and types from the stage
-``att_intervals``, at a tenth of the CPU. DuckDB still sorts the points (under its memory limit).
+``att_intervals``, at a tenth of the CPU. The points are sorted in numpy too (``_sorted_points``).
 
 Equality with the SQL is checked on every capture and on hypothesis-built intervals (tests/test_sweep.py).
 Where the SQL's packed counters would be wrong this is not: more than 16,383 ops of one category active

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from test_per_host import four_host_pod
 from tpuanalyze.analyzer import per_host
 from tpuanalyze.analyzer.api import analyze_run, report_json
 from tpuanalyze.analyzer.config import load_thresholds
 from tpuanalyze.analyzer.resources import scratch_database
-
-from tpuanalyze.pipeline import ingest_paths
 
 
 def test_results_come_in_batch_order_each_thread_on_its_own_cursor() -> None:
@@ -150,12 +149,7 @@ def _hosts_in_stored_order(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) 
 def test_threads_write_what_one_connection_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A generated 4-host pod attributed one host per batch on 1 and on 3 threads: the same rows in
     every kept table and in op_steps, the batches' rows stored in batch order, the same report JSON."""
-    from tpuanalyze.generator import generate
-
-    out = tmp_path / "logs"
-    generate(model="resnet50", chips=16, steps=3, scenario="straggler", seed=3, out=out)
-    db = tmp_path / "g.duckdb"
-    ingest_paths([out], db)
+    db = four_host_pod(tmp_path, seed=3)
     config = load_thresholds(None)
     con = duckdb.connect(str(db), read_only=True)
     try:

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 from conftest import CaptureSet
 from test_attribution_xspace import XSpaceBuilder, design_example_step, hlo_op
-from test_per_host import ONE_HOST
+from test_per_host import ONE_HOST, four_host_pod
 from tpuanalyze.analyzer import per_host
 from tpuanalyze.analyzer.api import load_thresholds
 from tpuanalyze.analyzer.attribution import _substitutions, load_stages, materialize_run, run_flags
@@ -110,12 +110,7 @@ def test_an_events_own_stats_make_a_kind_of_its_own(tmp_path: Path) -> None:
 def test_per_host_op_steps_equal_the_whole_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A generated 4-host pod attributed one host per batch: the op_steps view over the narrow scratch rows
     and the run's kinds has the whole-run op_steps' rows and types, as has the att_ops relation."""
-    from tpuanalyze.generator import generate
-
-    out = tmp_path / "logs"
-    generate(model="resnet50", chips=16, steps=3, scenario="straggler", seed=2, out=out)
-    db = tmp_path / "g.duckdb"
-    ingest_paths([out], db)
+    db = four_host_pod(tmp_path, seed=2)
     config = load_thresholds(None)
     con = duckdb.connect(str(db), read_only=True)
     try:

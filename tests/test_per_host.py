@@ -65,6 +65,15 @@ def _ingest(paths: list[Path], db: Path) -> Path:
     return db
 
 
+def four_host_pod(tmp_path: Path, seed: int) -> Path:
+    """The database of a generated 16-chip (4-host) ResNet-50 pod with a straggler, 3 steps."""
+    from tpuanalyze.generator import generate
+
+    out = tmp_path / "logs"
+    generate(model="resnet50", chips=16, steps=3, scenario="straggler", seed=seed, out=out)
+    return _ingest([out], tmp_path / "g.duckdb")
+
+
 @pytest.mark.parametrize("scenario", ["baseline", "straggler", "input-bound"])
 def test_generated_pod_batched_equals_whole_run(tmp_path: Path, scenario: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
