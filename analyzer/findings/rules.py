@@ -427,23 +427,30 @@ def host_overhead(c: Ctx) -> list[dict]:  # catalog §3.7, §4: idle >= 3%
 
 def data_parallel_limit(c: Ctx) -> list[dict]:
     th = c.t["data_parallel_limit"]  # catalog §3.1, §3.13
+    # Per device first, then the peaks: joining each op row to its device's peak was most of the
+    # query's time on a pod (16M op rows against 4096 devices).
     sql = (f"WITH peaks AS (SELECT host, device_ordinal, max(peak_tflops) * 1e12 AS peak_flops FROM planes\n"
-           f"               WHERE run_id = {c.run_id} AND device_ordinal IS NOT NULL GROUP BY ALL)\n"
-           # (CASE, not FILTER: DuckDB evaluates an aggregate's argument on every row before its FILTER,
-           # and the regex over every op's shape was most of this query's time on a pod)
-           f"SELECT mode(CASE WHEN o.category = 'input' THEN TRY_CAST(nullif(regexp_extract("
-           f"coalesce(o.shape, o.name), '[a-z0-9]+\\[(\\d+)', 1), '')\n"
-           f"            AS DOUBLE) END) AS per_core_batch,\n"
-           f"       count(*) FILTER (WHERE o.collective_kind = 'collective-permute') > 0 AS partitioned,\n"
-           f"       sum(o.flops) FILTER (WHERE NOT o.is_container)\n"
-           f"         / nullif(sum(o.duration_ps * p.peak_flops) FILTER (WHERE NOT o.is_container\n"
-           f"                  AND o.flops IS NOT NULL) / 1e12, 0) AS flop_utilization,\n"
-           f"       sum(o.duration_ps) FILTER (WHERE o.category = 'compute' AND NOT o.is_container)\n"
+           f"               WHERE run_id = {c.run_id} AND device_ordinal IS NOT NULL GROUP BY ALL),\n"
+           f"dev AS (SELECT host, device_ordinal,\n"
+           f"               sum(flops) FILTER (WHERE NOT is_container) AS flops,\n"
+           f"               sum(duration_ps) FILTER (WHERE NOT is_container AND flops IS NOT NULL)\n"
+           f"                 AS flop_op_ps,\n"
+           f"               sum(duration_ps) FILTER (WHERE category = 'compute' AND NOT is_container)\n"
+           f"                 AS compute_ps,\n"
+           f"               count(*) FILTER (WHERE collective_kind = 'collective-permute') AS permutes\n"
+           f"        FROM op_steps WHERE {c.in_train_steps()} GROUP BY host, device_ordinal),\n"
+           f"infeed AS (SELECT mode(TRY_CAST(nullif(regexp_extract(coalesce(shape, name), "
+           f"'[a-z0-9]+\\[(\\d+)', 1), '')\n"
+           f"                        AS DOUBLE)) AS per_core_batch\n"
+           f"           FROM op_steps WHERE {c.in_train_steps()} AND category = 'input')\n"
+           f"SELECT (SELECT per_core_batch FROM infeed) AS per_core_batch,\n"
+           f"       coalesce(sum(d.permutes), 0) > 0 AS partitioned,\n"
+           f"       sum(d.flops) / nullif(sum(d.flop_op_ps * p.peak_flops) / 1e12, 0) AS flop_utilization,\n"
+           f"       sum(d.compute_ps)\n"
            f"         / (SELECT count(*) FROM step_breakdown WHERE run_id = {c.run_id} AND NOT is_eval) "
            f"/ 1e9\n"
            f"         AS compute_op_ms_per_step\n"
-           f"FROM op_steps o LEFT JOIN peaks p ON p.host = o.host AND p.device_ordinal = o.device_ordinal\n"
-           f"WHERE {c.in_train_steps('o')}")
+           f"FROM dev d LEFT JOIN peaks p ON p.host = d.host AND p.device_ordinal = d.device_ordinal")
     m = c.query(sql)
     batch, util = m["per_core_batch"], m["flop_utilization"]
     if batch is None or m["partitioned"] or batch > th["max_per_core_batch"]:
@@ -494,24 +501,30 @@ def partition_overhead(c: Ctx) -> list[dict]:  # catalog §3.1: collective-permu
 def data_formatting(c: Ctx) -> list[dict]:  # catalog §3.9
     th = c.t["data_formatting"]
     pattern = sql_literal(c.t["patterns"]["data_formatting"])
-    sql = (f"WITH ops AS (SELECT host, device_ordinal, step_start, start_ps, duration_ps, hlo_category,\n"
-           f"                    regexp_matches(lower(short_name), {pattern})\n"
-           f"                      OR lower(coalesce(hlo_category, '')) = 'data formatting' AS formatting\n"
-           f"             FROM op_steps WHERE {c.in_train_steps()} AND category IN ('compute', "
-           f"'weight_update')\n"
-           f"               AND NOT is_container),\n"
-           f"firsts AS (SELECT arg_min(duration_ps, start_ps)\n"
-           f"                    FILTER (WHERE lower(coalesce(hlo_category, '')) LIKE '%convolution%') AS d\n"
-           f"           FROM ops GROUP BY host, device_ordinal, step_start),\n"
+    # ``ops`` NOT MATERIALIZED: DuckDB materializes a CTE read twice, which copied every compute op
+    # row of a pod (4x this query's time); the regex runs once per distinct op name, not per row.
+    sql = (f"WITH ops AS NOT MATERIALIZED (\n"
+           f"  SELECT host, device_ordinal, step_start, start_ps, duration_ps, short_name, hlo_category\n"
+           f"  FROM op_steps WHERE {c.in_train_steps()} AND category IN ('compute', 'weight_update')\n"
+           f"    AND NOT is_container),\n"
+           f"names AS (SELECT short_name, hlo_category, sum(duration_ps) AS op_ps,\n"
+           f"                 regexp_matches(lower(short_name), {pattern})\n"
+           f"                   OR lower(coalesce(hlo_category, '')) = 'data formatting' AS formatting\n"
+           f"          FROM ops GROUP BY short_name, hlo_category),\n"
+           f"conv AS (SELECT DISTINCT hlo_category FROM names\n"
+           f"         WHERE lower(coalesce(hlo_category, '')) LIKE '%convolution%'),\n"
+           f"firsts AS (SELECT arg_min(duration_ps, start_ps) AS d FROM ops\n"
+           f"           WHERE hlo_category IN (SELECT hlo_category FROM conv)\n"
+           f"           GROUP BY host, device_ordinal, step_start),\n"
            f"{c.train_steps_cte()}\n"
-           f"SELECT sum(duration_ps) FILTER (WHERE formatting) / sum(duration_ps) AS "
+           f"SELECT sum(op_ps) FILTER (WHERE formatting) / sum(op_ps) AS "
            f"data_formatting_share_of_compute,\n"
-           f"       coalesce(sum(duration_ps) FILTER (WHERE formatting), 0) / any_value(steps.n) / 1e9\n"
+           f"       coalesce(sum(op_ps) FILTER (WHERE formatting), 0) / any_value(steps.n) / 1e9\n"
            f"         AS data_formatting_ms_per_step,\n"
-           f"       (SELECT avg(d) FROM firsts) * any_value(steps.n) / sum(duration_ps)\n"
+           f"       (SELECT avg(d) FROM firsts) * any_value(steps.n) / sum(op_ps)\n"
            f"         AS first_conv_share_of_compute,\n"
-           f"       sum(duration_ps) / any_value(steps.n) / 1e9 AS compute_op_ms_per_step\n"
-           f"FROM ops, steps")
+           f"       sum(op_ps) / any_value(steps.n) / 1e9 AS compute_op_ms_per_step\n"
+           f"FROM names, steps")
     m = c.query(sql)
     share, first_conv = m["data_formatting_share_of_compute"], m["first_conv_share_of_compute"]
     if share is None:
