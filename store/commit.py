@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,17 +51,24 @@ class HostFile:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+# A direct load: writes a run's host rows into the database's tables itself (given the connection,
+# inside the transaction, and the run's id) and returns each host's ``HostParts`` (no files).
+DirectLoad = Callable[[duckdb.DuckDBPyConnection, int], list[HostParts]]
+
+
 @dataclass
 class RunToStore:
-    """A run whose hosts are loaded as parts: what its ``runs`` and ``hosts`` rows need."""
+    """A run whose hosts are loaded as parts, or by ``load`` inside the transaction (the map ran in
+    this process: its rows go straight into the tables): what its ``runs`` and ``hosts`` rows need."""
 
     name: str
     source_path: str
     source_format: str
     t0_ns: int | None
     files: list[HostFile]  # discovery order
-    parts: list[HostParts]  # same order
+    parts: list[HostParts]  # same order (a direct load's: filled by ``load``)
     notes: list[str] = field(default_factory=list)
+    load: DirectLoad | None = None
 
 
 @dataclass
@@ -191,6 +199,9 @@ def _store_once(
                 for stale_id in sorted({*old_ids, run_id}):
                     for table in EVENT_TABLES:
                         moves.set_aside(parquet / table / f"run_id={stale_id}")
+            if run.load is not None:
+                assert parquet is None
+                run.parts = run.load(con, run_id)
             _insert_parts(con, run, run_id, parquet, moves)
             _insert_hosts(con, run, run_id)
             _insert_run_row(con, run, run_id, name, notes)

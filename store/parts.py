@@ -84,25 +84,38 @@ class GroupParts:
     With ``hive_events`` the event tables are written without ``run_id``/``host``, one folder per
     host (they are the dataset's partition folders); every other part keeps ``host`` and leaves
     ``run_id`` to the main process, which alone knows it. ``compact``: the parts travel (zstd).
+
+    ``direct(con, run_id, ...)``: the same rows inserted straight into the database of ``con`` instead,
+    inside the caller's transaction (the map ran in the calling process: no parts to write and read
+    back); nothing to discard then, the caller's rollback undoes a failure.
     """
 
     def __init__(
-        self, first_host: str, source_format: str, run_t0_ns: int | None, staging: str | Path,
+        self, first_host: str, source_format: str, run_t0_ns: int | None, staging: str | Path | None,
         hive_events: bool, compact: bool = False, memory_limit: str | None = None,
+        direct: tuple[duckdb.DuckDBPyConnection, int] | None = None,
     ) -> None:
-        self.staging = Path(staging)
+        self.staging = Path(staging) if staging is not None else None
         self.run_t0_ns = run_t0_ns
         self.hive_events = hive_events
         self.first_host = first_host
         self.limit = memory_limit or (LOAD_MEMORY_LIMIT if source_format == "xspace" else JSON_MEMORY_LIMIT)
         compression = KEPT_COMPRESSION if hive_events or compact else STAGING_COMPRESSION
-        self.folders = {table: group_part_dir(self.staging, table, first_host) for table in HOST_TABLES}
         dropped = {
             table: ("run_id", "host") if hive_events and table in EVENT_TABLES else ("run_id",)
             for table in HOST_TABLES
         }
         self.hosts: list[HostParts] = []
         self._started: list[str] = []  # hosts whose rows were (being) written
+        self._direct = direct is not None
+        if direct is not None:
+            assert not hive_events
+            self.folders: dict[str, Path | None] = dict.fromkeys(HOST_TABLES)
+            self._con, run_id = direct
+            self._writer = TablesWriter(self._con, self.folders, dropped, compression, run_id)
+            return
+        assert self.staging is not None
+        self.folders = {table: group_part_dir(self.staging, table, first_host) for table in HOST_TABLES}
         self._con = _connection()
         try:
             self._con.execute(f"SET memory_limit = '{self.limit}'")
@@ -110,6 +123,12 @@ class GroupParts:
         except BaseException:
             _forget_connection()
             raise
+
+    @classmethod
+    def direct(cls, con: duckdb.DuckDBPyConnection, run_id: int, first_host: str, source_format: str,
+               run_t0_ns: int | None) -> GroupParts:
+        """Hosts of run ``run_id`` inserted into the tables of ``con`` (its open transaction)."""
+        return cls(first_host, source_format, run_t0_ns, None, False, direct=(con, run_id))
 
     def add(self, reader: HostReader) -> HostParts:
         """Write the host's rows (some may stay pending until the next ``add`` or ``finish``)."""
@@ -122,7 +141,8 @@ class GroupParts:
                 self._give_event_files(previous)
             load = self._writer.add_host(reader, self.run_t0_ns)
         except BaseException:
-            _forget_connection()  # whatever state a failed statement left: the next host starts afresh
+            if not self._direct:
+                _forget_connection()  # whatever state a failed statement left: the next host starts afresh
             raise
         parts = HostParts(
             host=reader.host,
@@ -142,7 +162,8 @@ class GroupParts:
         try:
             files = self._writer.finish()
         except BaseException:
-            _forget_connection()
+            if not self._direct:
+                _forget_connection()
             raise
         if self.hive_events:
             self._give_event_files({table: files.pop(table) for table in EVENT_TABLES})
@@ -158,7 +179,10 @@ class GroupParts:
             self.hosts[-1].files.update({table: names for table, names in files.items() if names})
 
     def discard(self) -> None:
-        """Remove the group's parts (written or half written)."""
+        """Remove the group's parts (written or half written); a direct load has none."""
+        if self._direct:
+            return
+        assert self.staging is not None
         for table in HOST_TABLES:
             shutil.rmtree(self.folders[table], ignore_errors=True)
             if self.hive_events and table in EVENT_TABLES:

@@ -198,8 +198,9 @@ def test_leftovers_of_a_kill_9_are_cleaned_on_the_next_run(tmp_path: Path, pod32
     db = tmp_path / "k.duckdb"
     ingest_paths([XSPACE], db)
     before = db_state(db)
-    # one process (no pool): nothing of the killed ingest lives on to write after the kill
-    proc = popen("ingest", str(pod32), "--db", str(db), "--workers", "1")
+    # one process (no pool): nothing of the killed ingest lives on to write after the kill; parts,
+    # as a pool's workers write them (not loaded straight into the database)
+    proc = popen("ingest", str(pod32), "--db", str(db), "--workers", "1", env={"TPUANALYZE_DIRECT_LOAD": "0"})
 
     def staged() -> list[Path]:
         return list(tmp_path.glob(".tpuanalyze-staging-*"))
@@ -218,6 +219,26 @@ def test_leftovers_of_a_kill_9_are_cleaned_on_the_next_run(tmp_path: Path, pod32
     assert result.returncode == 0, result.stderr
     assert not spill.exists()
     assert not any(p.exists() for p in left)  # the dead ingest's staging folder is gone
+    assert len(db_state(db)[0]) == 2
+
+
+def test_a_kill_9_inside_a_direct_load_leaves_the_database_as_it_was(tmp_path: Path, pod32: Path) -> None:
+    """kill -9 while the hosts are inserted straight into the database (one process): the
+    transaction never committed, so the database opens as it was and takes the next ingest."""
+    db = tmp_path / "k.duckdb"
+    ingest_paths([XSPACE], db)
+    before = db_state(db)
+    size = db.stat().st_size
+    proc = popen("ingest", str(pod32), "--db", str(db), "--workers", "1", env={"TPUANALYZE_DIRECT_LOAD": "1"})
+    # the load has begun writing into the database file (its row groups, or the write-ahead log)
+    wal = Path(f"{db}.wal")
+    assert _wait_for(lambda: db.stat().st_size > size or wal.exists() or proc.poll() is not None)
+    assert proc.poll() is None, "the ingest ended before the kill: the test proves nothing"
+    proc.kill()
+    proc.communicate()
+    assert db_state(db) == before  # nothing was committed
+    result = run_cli("ingest", str(TRACE_JSON), "--db", str(db))
+    assert result.returncode == 0, result.stderr
     assert len(db_state(db)[0]) == 2
 
 

@@ -67,6 +67,7 @@ def test_hosts_loaded_together_store_the_rows_of_a_task_per_host(
         return real_load(task)
 
     monkeypatch.setattr(pipeline_ingest, "load_host", counting)
+    monkeypatch.setenv("TPUANALYZE_DIRECT_LOAD", "0")  # parts, as a pool's workers write them
     summary = ingest_paths([pod], grouped, workers=1)
     assert summary.hosts == 8 and len(tasks) == 1 and len(tasks[0].inputs) == 8  # one task, all hosts
     with monkeypatch.context() as alone:
@@ -80,6 +81,12 @@ def test_hosts_loaded_together_store_the_rows_of_a_task_per_host(
     monkeypatch.setattr(load, "FLUSH_PLANE_ROWS", 11)
     ingest_paths([pod], tmp_path / "cut.duckdb", workers=1)
     assert _stored(tmp_path / "cut.duckdb") == _stored(grouped)
+    # loaded straight into the database (no parts): the same rows, in the same order
+    monkeypatch.setenv("TPUANALYZE_DIRECT_LOAD", "1")
+    tasks.clear()
+    direct = ingest_paths([pod], tmp_path / "direct.duckdb", workers=1)
+    assert not tasks and direct.events == summary.events
+    assert _stored(tmp_path / "direct.duckdb") == _stored(grouped)
 
 
 def test_two_workers_group_hosts_and_store_the_same_rows(pod: Path, tmp_path: Path) -> None:
@@ -127,34 +134,43 @@ def _digest(db: Path) -> str:
     return hashlib.sha256(db.read_bytes()).hexdigest()
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["parts", "direct"])
 def test_a_host_that_fails_inside_a_group_is_named_and_the_database_is_unchanged(
-    pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_traces: Path
+    pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_traces: Path, direct: bool
 ) -> None:
     """The file in the middle of a group changes between the two rounds (validated, then cut short):
-    the load's error names that file, nothing is stored, no staging folder is left."""
+    the load's error names that file, nothing is stored, no staging folder is left. Loaded straight
+    into the database, the rows of the hosts before it are rolled back; a database the call would
+    have created is not left behind."""
     import shutil
 
+    monkeypatch.setenv("TPUANALYZE_DIRECT_LOAD", "1" if direct else "0")
     db = tmp_path / "db.duckdb"
     ingest_paths([sample_traces / "generated" / "resnet50_v3-32_baseline"], db, workers=1)
     before = _digest(db)
     run = tmp_path / "logdir" / "plugins" / "profile" / "run1"
     shutil.copytree(pod, run)
     victim = sorted(run.glob("*.xplane.pb"))[4]
-    real_load_all = pipeline_ingest._load_all
+    whole = victim.read_bytes()
+    patched = "load_direct" if direct else "_load_all"
+    real = getattr(pipeline_ingest, patched)
 
     def truncate_then_load(*args, **kwargs):
         from tpuanalyze.pipeline import tasks
 
         tasks.forget_kept()  # the load reads the files again, as a pool's workers do
-        victim.write_bytes(victim.read_bytes()[:1000])
-        return real_load_all(*args, **kwargs)
+        victim.write_bytes(whole[:1000])
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline_ingest, "_load_all", truncate_then_load)
-    with pytest.raises(TpuAnalyzeError) as caught:
-        ingest_paths([run.parent.parent.parent], db, workers=1)
-    assert caught.value.path in (str(victim.resolve()), str(victim))
-    assert "truncated" in caught.value.reason
+    monkeypatch.setattr(pipeline_ingest, patched, truncate_then_load)
+    for target in (db, tmp_path / "new.duckdb"):
+        victim.write_bytes(whole)
+        with pytest.raises(TpuAnalyzeError) as caught:
+            ingest_paths([run.parent.parent.parent], target, workers=1)
+        assert caught.value.path in (str(victim.resolve()), str(victim))
+        assert "truncated" in caught.value.reason
     assert _digest(db) == before
+    assert not (tmp_path / "new.duckdb").exists() and not (tmp_path / "new.duckdb.wal").exists()
     assert not list(tmp_path.glob(".tpuanalyze-staging-*"))
 
 

@@ -15,6 +15,7 @@ import pytest
 from conftest import SAMPLE_TRACES
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tpuanalyze.store import commit as commit_module
 from tpuanalyze.store import parts as ingest_module
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -95,14 +96,17 @@ def test_stats_of_every_kind_survive_the_narrow_storage(tmp_path: Path) -> None:
     assert details == len([i for i in range(20_000) if i % 5 == 0 or i % 7 == 0])
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["parts", "direct"])
 def test_a_load_out_of_duckdb_memory_is_redone_with_a_note(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
 ) -> None:
     reference = ingest_paths([GENERATED], tmp_path / "reference.duckdb")
-    # the worker's buffer while it writes a host's parts
-    monkeypatch.setattr(ingest_module, "LOAD_MEMORY_LIMIT", "1MB")
+    monkeypatch.setenv("TPUANALYZE_DIRECT_LOAD", "1" if direct else "0")
+    # parts: the buffer while a host's parts are written; direct: the database's, inside the commit
+    monkeypatch.setattr(commit_module if direct else ingest_module,
+                        "COMMIT_MEMORY_LIMIT" if direct else "LOAD_MEMORY_LIMIT", "1MB")
     summary = ingest_paths([GENERATED], tmp_path / "tiny.duckdb", workers=1)  # in this process
-    assert any("ran out of its 1MB load buffer" in note for note in summary.notes)
+    assert any("ran out of its 1MB load buffer" in note for note in summary.notes), summary.notes
     assert summary.events == reference.events
     query = "SELECT count(*), sum(duration_ps), count(DISTINCT name), count(stats) FROM events"
     tiny = duckdb.connect(str(tmp_path / "tiny.duckdb"), read_only=True).execute(query).fetchall()

@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +29,20 @@ from tpuanalyze.parsers.staging import MAX_SPAN_NS
 from tpuanalyze.parsers.xspace import COMPILED_SHARE_EVENTS, COMPILED_SHARE_FILES
 from tpuanalyze.pipeline.executors import default_workers, make_executor
 from tpuanalyze.pipeline.progress import IngestProgress
-from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
+from tpuanalyze.pipeline.tasks import (
+    HostInput,
+    Loaded,
+    LoadTask,
+    Probe,
+    forget_kept,
+    load_direct,
+    load_host,
+    probe_host,
+)
 from tpuanalyze.pipeline.views import install_default_views, seed_new_database
 from tpuanalyze.store.commit import RunToStore, check_layout, store_runs
 from tpuanalyze.store.database import connect
-from tpuanalyze.store.parts import make_hive, remove_tree
+from tpuanalyze.store.parts import HostParts, make_hive, remove_tree
 
 if TYPE_CHECKING:
     from tpuanalyze.parsers.mlperf import MlperfTables
@@ -41,6 +50,14 @@ if TYPE_CHECKING:
 # Without an explicit worker count, inputs smaller than this are read in the calling process:
 # starting a pool of fresh interpreters (~0.5 s each) costs more than it saves on small runs.
 POOL_MIN_BYTES = 64 << 20
+
+
+def direct_load() -> bool:
+    """Whether a map in this process loads its hosts straight into the database (inside the commit's
+    transaction) rather than through Parquet parts written and read back: 6M events 10.3 -> 6.3 CPU s
+    (benchmarks/results/bench_ingest.md). ``TPUANALYZE_DIRECT_LOAD=0``: parts, as a pool's workers
+    write them (the tests of that path run it in one process)."""
+    return os.environ.get("TPUANALYZE_DIRECT_LOAD", "1").strip() not in ("0", "false", "no")
 
 
 @dataclass
@@ -102,6 +119,7 @@ def ingest_paths(
     else:
         summary.workers = 0  # unknown: the caller's executor
     staging = _staging_dir(db_path, dataset)
+    direct = own_executor and summary.workers == 1 and dataset is None and direct_load()
     try:
         with IngestProgress(progress) as bar:
             probes = _probe_all(executor, flat, bar)
@@ -109,23 +127,31 @@ def ingest_paths(
             _check_host_offsets(sources, hosts, per_run)
             t0s = [_run_t0(run_probes) for run_probes in per_run]
             compiled = _compiled_share(probes, summary.workers)
-            loaded = _load_all(executor, hosts, per_run, t0s, staging, dataset is not None, bar, compiled,
-                               summary.workers)
-        runs = [
-            RunToStore(
-                name=s.name,
-                source_path=s.source_path,
-                source_format=s.source_format,
-                t0_ns=t0,
-                files=[p.file for p in run_probes if p.file is not None],
-                parts=[host for item in run_loaded for host in item.parts or []],
-                notes=list(s.notes),
-            )
-            for s, t0, run_probes, run_loaded in zip(sources, t0s, per_run, loaded, strict=True)
-        ]
-        worker_notes = [p.retried for run_loaded in loaded for item in run_loaded
-                        for p in item.parts or [] if p.retried]
-        _commit(db_path, runs, mlperf, parquet, dataset, summary)
+
+            def load_parts() -> list[list[Loaded]]:
+                return _load_all(executor, hosts, per_run, t0s, staging, dataset is not None, bar, compiled,
+                                 summary.workers)
+
+            loaded = None if direct else load_parts()
+            runs = [
+                RunToStore(
+                    name=s.name,
+                    source_path=s.source_path,
+                    source_format=s.source_format,
+                    t0_ns=t0,
+                    files=[p.file for p in run_probes if p.file is not None],
+                    parts=[host for item in run_loaded for host in item.parts or []] if run_loaded else [],
+                    notes=list(s.notes),
+                    load=_direct_load(run_hosts, t0, compiled, bar) if direct else None,
+                )
+                for s, t0, run_probes, run_loaded, run_hosts in zip(
+                    sources, t0s, per_run, loaded or [None] * len(sources), hosts, strict=True)
+            ]
+            worker_notes = [p.retried for run_loaded in loaded or [] for item in run_loaded
+                            for p in item.parts or [] if p.retried]
+            if direct:
+                bar.phase("loading", len(flat))
+            _commit(db_path, runs, mlperf, parquet, dataset, summary, load_parts if direct else None)
         summary.notes.extend(dict.fromkeys(worker_notes))
     except BaseException as exc:
         if own_executor and not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: stop the workers now
@@ -432,6 +458,15 @@ def _load_counted(task: LoadTask, result: Loaded) -> list[tuple[str, int]]:
     return [(Path(item.path).name, host.events) for item, host in zip(task.inputs, result.parts, strict=True)]
 
 
+def _direct_load(run_hosts: list[HostInput], t0: int | None, compiled: bool, bar: IngestProgress):
+    """The run's ``RunToStore.load``: its hosts read into the database inside the commit."""
+
+    def load(con: duckdb.DuckDBPyConnection, run_id: int) -> list[HostParts]:
+        return load_direct(con, run_id, run_hosts, t0, compiled, bar.host_done)
+
+    return load
+
+
 def _commit(
     db_path: str | Path,
     runs: list[RunToStore],
@@ -439,14 +474,23 @@ def _commit(
     parquet: str | Path | None,
     dataset: Path | None,
     summary: IngestSummary,
+    load_parts: Callable[[], list[list[Loaded]]] | None = None,
 ) -> None:
     """One connection for the load and the views: the write lock is held from the first statement
     to the last, so no other process can slip in between (and make an ingest that committed fail
-    on its views). A new database starts as a copy of the empty template (schema and views)."""
-    seed_new_database(db_path)
+    on its views). A new database starts as a copy of the empty template (schema and views).
+    ``load_parts``: the runs are loaded directly (``RunToStore.load``); should the database turn out
+    to keep its events in a Parquet dataset, they are loaded as parts with it instead. A direct load
+    that fails in a database this call created removes the file: it did not exist before."""
+    created = seed_new_database(db_path)
     con = connect(db_path)
+    remove = False
     try:
         layout = check_layout(con, db_path, Path(parquet) if parquet is not None else None)
+        if layout is not None and load_parts is not None:
+            for run, run_loaded in zip(runs, load_parts(), strict=True):
+                run.load = None
+                run.parts = [host for item in run_loaded for host in item.parts or []]
         if layout is not None and dataset is None:
             # the database turned out to keep its events in a dataset (it was busy at the glance):
             # the event parts become hive parts first
@@ -458,7 +502,20 @@ def _commit(
                 "run it again",
                 str(db_path),
             )
-        stored = store_runs(con, db_path, runs, mlperf, layout)
+        direct = any(run.load is not None for run in runs)
+        if direct:  # statements of ~100K rows each, beside the decoding thread: one core each
+            con.execute("SET threads = 1")
+        try:
+            stored = store_runs(con, db_path, runs, mlperf, layout)
+        except BaseException:
+            remove = created and direct  # a new file: as before a failed ingest, no database at all
+            raise
+        finally:
+            if direct:
+                try:
+                    con.execute("RESET threads")  # (after the commit or the rollback)
+                except duckdb.Error:
+                    pass
         summary.run_ids, summary.names = stored.run_ids, stored.names
         summary.replaced_run_ids, summary.run_notes = stored.replaced_run_ids, stored.run_notes
         summary.planes, summary.events = stored.planes, stored.events
@@ -470,3 +527,6 @@ def _commit(
             summary.notes.append(note)
     finally:
         con.close()
+        if remove:
+            for leftover in (Path(db_path), Path(f"{db_path}.wal")):
+                leftover.unlink(missing_ok=True)

@@ -10,12 +10,13 @@ path), so the main process reports the first bad host of the call and leaves the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
-from tpuanalyze.errors import TpuAnalyzeError
+from tpuanalyze.errors import TpuAnalyzeError, TraceFormatError
 from tpuanalyze.parsers.readers import READERS
 from tpuanalyze.parsers.remote import is_url, local_input
 from tpuanalyze.parsers.staging import HostReader
@@ -173,6 +174,37 @@ def _load(task: LoadTask, memory_limit: str | None) -> Loaded:
     except BaseException:
         group.discard()
         raise
+
+
+def load_direct(con: duckdb.DuckDBPyConnection, run_id: int, inputs: list[HostInput], run_t0_ns: int | None,
+                compiled: bool = False, on_host: Callable[[str, int], None] | None = None) -> list[HostParts]:
+    """Read a run's host files, in order, straight into the tables of ``con`` as run ``run_id``
+    (``GroupParts.direct``: inside the caller's transaction, which a failure rolls back). For a map
+    that runs in this process: no Parquet parts written and read back (benchmarks/results/
+    bench_ingest.md). ``on_host(file name, events)`` after each host. A file that cannot be read
+    raises ``TraceFormatError`` naming it."""
+    if not inputs:
+        return []
+    first = inputs[0]
+    group = GroupParts.direct(con, run_id, first.host, first.source_format, run_t0_ns)
+    for item in inputs:
+        url = is_url(item.path)
+        try:
+            with local_input(item.path) as local:  # a URL: a local copy while it is read
+                reader = _kept.pop(item.path, None) or _open(item, local if url else None)
+                use_compiled = getattr(reader, "use_compiled", None)
+                if compiled and use_compiled:
+                    use_compiled()
+                parts = group.add(reader)
+        except (TpuAnalyzeError, OSError) as exc:
+            error = _error(exc, item)
+            raise TraceFormatError(error.reason, error.path) from None
+        release = getattr(reader, "release", None)
+        if release:
+            release()
+        if on_host is not None:
+            on_host(Path(item.path).name, parts.events)
+    return group.finish()
 
 
 def forget_kept() -> None:
