@@ -42,9 +42,16 @@ def run_flags(con: duckdb.DuckDBPyConnection, att_runs: str) -> dict[str, bool] 
     return dict(zip(RUN_FLAGS, (bool(v) for v in rows[0]), strict=True)) if len(rows) == 1 else None
 
 
+def chrome_json_run(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    """Whether the run came from Chrome-trace JSON (only those need att_runs' scan of the stats)."""
+    rows = con.execute("SELECT source_format FROM runs WHERE run_id = ?", [int(run_id)]).fetchall()
+    return bool(rows) and rows[0][0] == "chrome_json"
+
+
 def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, str],
                    hosts: tuple[str, str] | None = None,
-                   flags: dict[str, bool] | None = None) -> dict[str, str]:
+                   flags: dict[str, bool] | None = None,
+                   chrome_json: bool | None = None) -> dict[str, str]:
     pats = config["patterns"]
     warm = config["warmup"]
     subs = {
@@ -68,6 +75,9 @@ def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, 
                                  f"{alias}.host BETWEEN {sql_literal(hosts[0])} AND {sql_literal(hosts[1])}")
     if "att_programs" in relation:
         subs.setdefault("att_programs_run", relation["att_programs"])
+    # FALSE for one run known not to be Chrome-trace JSON: att_runs' Kineto branch folds away before
+    # it reads every event through the events view (two thirds of att_runs on a 512-host pod)
+    subs["maybe_chrome_json"] = "FALSE" if chrome_json is False else "TRUE"
     # a known flag is a literal (its branches fold away); else the joined att_runs row's column
     for flag in RUN_FLAGS:
         subs[flag] = f"r.{flag}" if flags is None else ("TRUE" if flags[flag] else "FALSE")
@@ -89,10 +99,12 @@ def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[st
     """Create TEMP tables ``<prefix><stage>`` for one run; return stage name -> table name."""
     relation: dict[str, str] = {}
     flags: dict[str, bool] | None = None
+    chrome_json = chrome_json_run(con, run_id)
     for name, body in load_stages():
         table = f"{prefix}{name}"
         # e.run_id in joins is qualified by the USING clause; a bare run_id predicate is unambiguous
-        subs = _substitutions(config, f"run_id = {int(run_id)}", relation, flags=flags)
+        subs = _substitutions(config, f"run_id = {int(run_id)}", relation, flags=flags,
+                              chrome_json=chrome_json)
         sql = Template(body).safe_substitute(subs)
         # op_steps is one row per op: a view (filters push into it) rather than a copy of every op
         kind = "VIEW" if name in LAZY_STAGES else "TABLE"

@@ -6,8 +6,9 @@
 -- run_id), $<stage> (the relation name of an earlier stage), $classified_combos (att_ops' classes of
 -- its distinct ops: SQL from analyzer/classify.py), $pat_* (regex literals from analyzer/thresholds.toml),
 -- $e_host / $l_host (TRUE, or a predicate on a batch of hosts' events e / l when the stages run batch by batch)
--- $att_programs_run (the run's program executions, all hosts: the dominant program is the run's) and
--- $has_device_planes ... $is_kineto (att_runs' flags: the column r.<flag> of the joined att_runs row, or
+-- $att_programs_run (the run's program executions, all hosts: the dominant program is the run's),
+-- $maybe_chrome_json (FALSE when the stages run for one run known not to come from Chrome-trace JSON, else
+-- TRUE) and $has_device_planes ... $is_kineto (att_runs' flags: the column r.<flag> of the joined att_runs row, or
 -- the literal TRUE/FALSE when the stages run for one run whose flags are known, so that DuckDB's
 -- optimizer drops the branches that cannot apply before they scan any event).
 -- Documented in docs/attribution.md.
@@ -50,7 +51,7 @@ WITH flag_lines AS (
     SELECT DISTINCT e.run_id
     FROM events e JOIN (SELECT run_id FROM runs WHERE $run_filter AND source_format = 'chrome_json') k
       USING (run_id)
-    WHERE $e_host AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
+    WHERE $maybe_chrome_json AND $e_host AND json_extract_string(e.stats, '$.cat') IN $kineto_device_cats
 )
 SELECT r.run_id,
        EXISTS (SELECT 1 FROM planes p

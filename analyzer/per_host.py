@@ -40,6 +40,7 @@ import duckdb
 from tpuanalyze.analyzer.attribution import (
     RUN_FLAGS,
     _substitutions,
+    chrome_json_run,
     load_stages,
     run_flags,
     stage_without_sql,
@@ -237,9 +238,10 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     threads = max(1, min(threads, len(batches)))
 
     flags: dict[str, bool] | None = None  # the run's, once pass 1 has found them
+    chrome_json = chrome_json_run(con, run_id)
 
     def subs(relation: dict[str, str], host: tuple[str, str]) -> dict[str, str]:
-        return _substitutions(config, run_filter, relation, host, flags)
+        return _substitutions(config, run_filter, relation, host, flags, chrome_json)
 
     def sql(name: str, relation: dict[str, str], host: tuple[str, str]) -> str:
         return Template(stages[name]).safe_substitute(subs(relation, host))
