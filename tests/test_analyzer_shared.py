@@ -63,6 +63,21 @@ def test_every_shared_trace_analyzes(shared_db: SharedRuns) -> None:
             assert total == 0.0
 
 
+def test_every_stored_event_has_its_plane_and_line(shared_db: SharedRuns, sample_captures) -> None:  # noqa: ANN001
+    """What analyzer/input.py's host-input queries rely on to skip the events view's join with
+    ``lines``: no event row lacks its plane or its line, in any real or bundled capture."""
+    for db in (shared_db.db, sample_captures.db):
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            events, orphans = con.execute(
+                "SELECT count(*), count(*) FILTER (WHERE l.line_index IS NULL OR p.plane_index IS NULL) "
+                "FROM event_rows r LEFT JOIN lines l USING (run_id, host, plane_index, line_index) "
+                "LEFT JOIN planes p USING (run_id, host, plane_index)").fetchone()
+        finally:
+            con.close()
+        assert events > 10_000 and orphans == 0, (db, events, orphans)
+
+
 def test_v6e_inference_has_no_steps_line_and_says_so(shared_db: SharedRuns) -> None:
     a = shared_db.analysis("tpu_v6e_4chip")
     assert a.summary["device_type"].startswith("TPU v6")

@@ -16,6 +16,7 @@ import duckdb
 from tpuanalyze.analyzer.classify import sql_literal
 from tpuanalyze.analyzer.collectives import DTYPE_BYTES, SHAPE_TEXT_SQL
 from tpuanalyze.analyzer.findings.advice import ADVICE, recommendation
+from tpuanalyze.analyzer.input import host_input_ctes
 
 VIEWS = ("step_breakdown", "device_breakdown", "collective_time", "op_steps")
 _VIEW_RE = re.compile(r"\b(" + "|".join(VIEWS) + r")\b")
@@ -166,15 +167,8 @@ def input_bound(c: Ctx) -> list[dict]:  # catalog §3.8, §4: input 5% / 20%
 
 def host_input_processing(c: Ctx) -> list[dict]:
     th = c.t["host_input_processing"]  # catalog §3.8: host non-enqueue work >= 50% of input time
-    pats = c.t["patterns"]
-    enqueue, host_input = sql_literal(pats["host_enqueue"]), sql_literal(pats["host_input"])
-    sql = (f"WITH span AS (SELECT min(start_ps) AS s0, max(start_ps + duration_ps) AS s1\n"
-           f"              FROM step_breakdown WHERE run_id = {c.run_id}),\n"
-           f"hev AS (SELECT e.duration_ps, regexp_matches(lower(e.name), {enqueue}) AS enqueue\n"
-           f"        FROM events e, span WHERE e.run_id = {c.run_id} AND e.plane LIKE '/host:%'\n"
-           f"          AND e.start_ps >= span.s0 AND e.start_ps < span.s1\n"
-           f"          AND (regexp_matches(lower(e.name), {host_input})\n"
-           f"               OR regexp_matches(lower(e.name), {enqueue}))),\n"
+    steps = f"step_breakdown WHERE run_id = {c.run_id}"
+    sql = (f"WITH {host_input_ctes(c.run_id, steps, c.t['patterns'])},\n"
            f"st AS (SELECT sum(input_ps) / sum(duration_ps) AS input_fraction_of_step,\n"
            f"              sum(input_ps) / count(*) / 1e9 AS input_ms_per_step\n"
            f"       FROM step_breakdown WHERE run_id = {c.run_id} AND NOT is_eval),\n"
