@@ -583,7 +583,7 @@ EVENT_PART_TABLES = ("event_rows", "event_details")
 class TablesWriter:
     """The rows of one or more consecutive hosts of a run, table by table, as Parquet parts in
     ``folders[table]`` (leaving out the columns ``dropped[table]``, compressed with ``compression``),
-    or, with ``run_id``, inserted straight into the tables of ``con`` (``direct_tables``).
+    or, with ``run_id``, inserted straight into the tables of ``con`` (``store.parts.GroupParts.direct``).
 
     Hosts share the parts: each statement costs ~7 ms however few its rows (a pod host's planes
     and lines tables hold a few dozen), so several small hosts written together pay it once. A

@@ -140,7 +140,7 @@ def ingest_paths(
                     source_format=s.source_format,
                     t0_ns=t0,
                     files=[p.file for p in run_probes if p.file is not None],
-                    parts=[host for item in run_loaded for host in item.parts or []] if run_loaded else [],
+                    parts=_host_parts(run_loaded or []),
                     notes=list(s.notes),
                     load=_direct_load(run_hosts, t0, compiled, bar) if direct else None,
                 )
@@ -458,6 +458,11 @@ def _load_counted(task: LoadTask, result: Loaded) -> list[tuple[str, int]]:
     return [(Path(item.path).name, host.events) for item, host in zip(task.inputs, result.parts, strict=True)]
 
 
+def _host_parts(run_loaded: list[Loaded]) -> list[HostParts]:
+    """A run's hosts' parts, in order, from its load tasks' results."""
+    return [host for item in run_loaded for host in item.parts or []]
+
+
 def _direct_load(run_hosts: list[HostInput], t0: int | None, compiled: bool, bar: IngestProgress):
     """The run's ``RunToStore.load``: its hosts read into the database inside the commit."""
 
@@ -490,7 +495,7 @@ def _commit(
         if layout is not None and load_parts is not None:
             for run, run_loaded in zip(runs, load_parts(), strict=True):
                 run.load = None
-                run.parts = [host for item in run_loaded for host in item.parts or []]
+                run.parts = _host_parts(run_loaded)
         if layout is not None and dataset is None:
             # the database turned out to keep its events in a dataset (it was busy at the glance):
             # the event parts become hive parts first

@@ -145,26 +145,33 @@ class _OutOfMemory(Exception):
         self.limit = limit
 
 
+def _add_host(group: GroupParts, item: HostInput, compiled: bool) -> HostParts:
+    """Read one host file into ``group``: the reader its probe kept in this process, else the file
+    opened again (a URL: over a local copy while it is read); the reader's buffers released after."""
+    url = is_url(item.path)
+    with local_input(item.path) as local:
+        reader = _kept.pop(item.path, None) or _open(item, local if url else None)
+        use_compiled = getattr(reader, "use_compiled", None)
+        if compiled and use_compiled:
+            use_compiled()
+        parts = group.add(reader)
+    release = getattr(reader, "release", None)
+    if release:
+        release()
+    return parts
+
+
 def _load(task: LoadTask, memory_limit: str | None) -> Loaded:
     first = task.input
     group = GroupParts(first.host, first.source_format, task.run_t0_ns, task.staging, task.hive_events,
                        task.compact, memory_limit)
     try:
         for item in task.inputs:
-            url = is_url(item.path)
             try:
-                with local_input(item.path) as local:  # a URL: a local copy while it is read
-                    reader = _kept.pop(item.path, None) or _open(item, local if url else None)
-                    use_compiled = getattr(reader, "use_compiled", None)
-                    if task.compiled and use_compiled:
-                        use_compiled()
-                    group.add(reader)
+                _add_host(group, item, task.compiled)
             except (TpuAnalyzeError, OSError) as exc:
                 group.discard()
                 return Loaded(error=_error(exc, item))
-            release = getattr(reader, "release", None)
-            if release:
-                release()
         return Loaded(parts=group.finish())
     except duckdb.OutOfMemoryException:
         group.discard()
@@ -188,20 +195,11 @@ def load_direct(con: duckdb.DuckDBPyConnection, run_id: int, inputs: list[HostIn
     first = inputs[0]
     group = GroupParts.direct(con, run_id, first.host, first.source_format, run_t0_ns)
     for item in inputs:
-        url = is_url(item.path)
         try:
-            with local_input(item.path) as local:  # a URL: a local copy while it is read
-                reader = _kept.pop(item.path, None) or _open(item, local if url else None)
-                use_compiled = getattr(reader, "use_compiled", None)
-                if compiled and use_compiled:
-                    use_compiled()
-                parts = group.add(reader)
+            parts = _add_host(group, item, compiled)
         except (TpuAnalyzeError, OSError) as exc:
             error = _error(exc, item)
             raise TraceFormatError(error.reason, error.path) from None
-        release = getattr(reader, "release", None)
-        if release:
-            release()
         if on_host is not None:
             on_host(Path(item.path).name, parts.events)
     return group.finish()
