@@ -24,6 +24,7 @@ from tpuanalyze.analyzer.batch_reduce import BatchReduce
 from tpuanalyze.analyzer.capture_health import capture_warnings
 from tpuanalyze.analyzer.collectives import CollectivePartials, collectives_frame
 from tpuanalyze.analyzer.config import load_thresholds
+from tpuanalyze.analyzer.coverage import uncovered_notes
 from tpuanalyze.analyzer.findings import evaluate_findings
 from tpuanalyze.analyzer.identity import run_identity
 from tpuanalyze.analyzer.input import host_input_work, input_frame
@@ -133,7 +134,30 @@ def _notes(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
             notes.append("no Steps line on the device planes")
         if not (~steps["is_eval"]).any():
             notes.append("no train steps: only eval steps")
+        notes += _outside_cycle_note(con, rel)
     return notes
+
+
+def _outside_cycle_note(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) -> list[str]:
+    """The program executions before a device's first step or after its last: outside the step cycle
+    (attribution.sql, device_breakdown.cycle_ps), so the reader knows why the breakdown's idle and
+    host-overhead's differ."""
+    row = con.execute(f"""
+        WITH cycle AS (SELECT host, device, min(start_ps) AS s, max(end_ps) AS e FROM (
+                 SELECT host, device, start_ps, end_ps FROM {rel['att_steps']}
+                 UNION ALL SELECT host, device, start_ps, end_ps FROM {rel['att_eval_spans']})
+             GROUP BY ALL),
+        progs AS (SELECT host, device, min(start_ps) AS s, max(end_ps) AS e,
+                         count(*) FILTER (WHERE p.start_ps < c.s OR p.end_ps > c.e) AS n
+                  FROM {rel['att_programs']} p JOIN cycle c USING (host, device) GROUP BY ALL)
+        SELECT avg(greatest(c.s - p.s, 0)) / 1e12, avg(greatest(p.e - c.e, 0)) / 1e12, sum(p.n)
+        FROM cycle c JOIN progs p USING (host, device)""").fetchone()
+    before, after, n = row if row else (None, None, None)
+    if not n:
+        return []
+    return [f"{n} program execution(s) run outside the step cycle (from {before or 0:.3g} s before the "
+            f"first step to {after or 0:.3g} s after the last, mean per device): the breakdown's shares "
+            f"count that time, its gaps as idle (as XProf's duty cycle does); host-overhead does not"]
 
 
 def _stats(values: Iterable[float]) -> dict[str, float | None]:
@@ -284,6 +308,7 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     analysis.findings = evaluate_findings(con, rel, int(run_id), config, advice_platform(summary["identity"]),
                                           summary["identity"])
     summary["findings"] = analysis.findings
+    summary["notes"] += uncovered_notes(summary["breakdown"], analysis.findings, ops)
     return analysis
 
 

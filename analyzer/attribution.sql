@@ -430,18 +430,23 @@ LEFT JOIN sums m ON m.run_id = s.run_id AND m.host = s.host AND m.device = s.dev
 -- steps are eval; instants outside steps where an op runs (e.g. executions of programs other than the
 -- step program) go to that op's category; the rest of the wall (gaps between steps) is idle (host
 -- overhead). Warm-up steps (att_steps.is_warmup) are left out unless $keep_warmup: the wall then starts
--- where the last warm-up step ends.
+-- where the last warm-up step ends. The wall is the capture's, as XProf's duty cycle is; the step cycle
+-- (cycle_ps: the first step or eval span's start to the last one's end) leaves out program executions
+-- before or after it (set-up, a capture started early), and idle_in_cycle_ps is the idle inside it: the
+-- gaps host overhead can cause, without the one-off set-up gaps.
 WITH spans AS (
-    SELECT run_id, host, device, start_ps, end_ps FROM $att_steps
-    UNION ALL SELECT run_id, host, device, start_ps, end_ps FROM $att_eval_spans
-    UNION ALL SELECT run_id, host, device, start_ps, end_ps FROM $att_programs
+    SELECT run_id, host, device, start_ps, end_ps, false AS program_only FROM $att_steps
+    UNION ALL SELECT run_id, host, device, start_ps, end_ps, false FROM $att_eval_spans
+    UNION ALL SELECT run_id, host, device, start_ps, end_ps, true FROM $att_programs
 ), warm AS (
     SELECT run_id, host, device, max(end_ps) AS warm_end FROM $att_steps
     WHERE is_warmup AND NOT $keep_warmup GROUP BY ALL
 ), bounds AS (
     SELECT s.run_id, s.host, s.device,
            greatest(min(s.start_ps), coalesce(any_value(w.warm_end), min(s.start_ps))) AS wall_start,
-           max(s.end_ps) AS wall_end
+           max(s.end_ps) AS wall_end,
+           greatest(min(s.start_ps) FILTER (WHERE NOT s.program_only), any_value(w.warm_end)) AS cycle_start,
+           max(s.end_ps) FILTER (WHERE NOT s.program_only) AS cycle_end
     FROM spans s LEFT JOIN warm w USING (run_id, host, device)
     GROUP BY ALL
 ), outside AS (
@@ -453,7 +458,9 @@ WITH spans AS (
            coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'memory_transfer'), 0) AS memory_transfer_ps,
            coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'input'), 0) AS input_ps,
            coalesce(sum(x.len_ps) FILTER (WHERE x.category = 'output'), 0) AS output_ps,
-           coalesce(sum(x.len_ps) FILTER (WHERE x.collective_overlapped), 0) AS collectives_overlapped_ps
+           coalesce(sum(x.len_ps) FILTER (WHERE x.collective_overlapped), 0) AS collectives_overlapped_ps,
+           coalesce(sum(x.len_ps) FILTER (WHERE x.category <> 'idle' AND x.ts >= b.cycle_start
+                                            AND x.ts < b.cycle_end), 0) AS busy_in_cycle_ps
     FROM $att_elementary x JOIN bounds b USING (run_id, host, device)
     WHERE NOT x.in_step AND x.ts >= b.wall_start AND x.ts < b.wall_end
     GROUP BY ALL
@@ -462,6 +469,7 @@ WITH spans AS (
            count(*) FILTER (WHERE NOT is_eval) AS train_steps,
            count(*) FILTER (WHERE is_eval) AS eval_steps,
            avg(duration_ps) FILTER (WHERE NOT is_eval) AS mean_step_ps,
+           sum(duration_ps) FILTER (WHERE NOT is_eval) AS train_step_ps,
            sum(duration_ps) FILTER (WHERE is_eval) AS eval_step_ps,
            sum(compute_ps) FILTER (WHERE NOT is_eval) AS compute_ps,
            sum(weight_update_ps) FILTER (WHERE NOT is_eval) AS weight_update_ps,
@@ -488,7 +496,11 @@ WITH spans AS (
            coalesce(p.eval_step_ps, 0) + coalesce(p.eval_in_train_ps, 0) + coalesce(o.eval_ps, 0) AS eval_ps,
            coalesce(p.idle_in_steps_ps, 0) AS idle_in_steps_ps,
            coalesce(p.collectives_overlapped_ps, 0) + coalesce(o.collectives_overlapped_ps, 0)
-               AS collectives_overlapped_ps
+               AS collectives_overlapped_ps,
+           b.cycle_end - b.cycle_start AS cycle_ps,
+           -- the cycle less its busy instants: train steps' busy time, eval steps, ops outside steps
+           b.cycle_end - b.cycle_start - coalesce(p.train_step_ps, 0) + coalesce(p.idle_in_steps_ps, 0)
+             - coalesce(p.eval_step_ps, 0) - coalesce(o.busy_in_cycle_ps, 0) AS idle_in_cycle_ps
     FROM bounds b
     LEFT JOIN per_step p USING (run_id, host, device)
     LEFT JOIN outside o USING (run_id, host, device)
@@ -498,7 +510,7 @@ SELECT run_id, host, device AS device_ordinal,
        wall_ps, mean_step_ps, compute_ps, weight_update_ps, collectives_ps, input_ps, output_ps, eval_ps,
        wall_ps - compute_ps - weight_update_ps - collectives_ps - memory_transfer_ps - input_ps - output_ps
          - eval_ps AS idle_ps,
-       idle_in_steps_ps, collectives_overlapped_ps, memory_transfer_ps
+       idle_in_steps_ps, collectives_overlapped_ps, memory_transfer_ps, cycle_ps, idle_in_cycle_ps
 FROM sums;
 
 -- stage: collective_time

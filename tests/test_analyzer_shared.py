@@ -127,7 +127,7 @@ def test_single_jit_has_no_collectives(shared_db: SharedRuns) -> None:
 def test_evidence_sql_reproduces_the_numbers(shared_db: SharedRuns) -> None:
     """Every finding's evidence SQL runs against the database views and returns its first metric."""
     analyses = {fragment: shared_db.analysis(fragment)
-                for fragment in ("pmap8_input_bound", "pmap8_train_eval", "tpu_v6e_4chip")}
+                for fragment in ("pmap8_input_bound", "pmap8_train_eval", "gpu_v100x8")}
     con = duckdb.connect(str(shared_db.db))  # writable: the views `tpuanalyze sql` runs the SQL in
     install_views(con)
     try:
