@@ -45,6 +45,10 @@ from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
 
+# Time outside the step cycle worth a note: above host-overhead's 3% trigger (catalog §3.7, §4), where
+# the breakdown's idle and host-overhead's step-cycle idle could disagree on whether the rule fires.
+OUTSIDE_CYCLE_SHARE = 0.05
+
 __all__ = ["RunAnalysis", "analyze_run", "analyze_db", "report_json", "install_views", "load_thresholds"]
 
 
@@ -139,25 +143,20 @@ def _notes(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str],
 
 
 def _outside_cycle_note(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) -> list[str]:
-    """The program executions before a device's first step or after its last: outside the step cycle
-    (attribution.sql, device_breakdown.cycle_ps), so the reader knows why the breakdown's idle and
-    host-overhead's differ."""
+    """Time before a device's first step or after its last (set-up programs, a capture started early):
+    outside the step cycle (attribution.sql, device_breakdown.cycle_ps), said when it is large enough
+    for the breakdown's idle and host-overhead's to tell different stories."""
     row = con.execute(f"""
-        WITH cycle AS (SELECT host, device, min(start_ps) AS s, max(end_ps) AS e FROM (
-                 SELECT host, device, start_ps, end_ps FROM {rel['att_steps']}
-                 UNION ALL SELECT host, device, start_ps, end_ps FROM {rel['att_eval_spans']})
-             GROUP BY ALL),
-        progs AS (SELECT host, device, min(start_ps) AS s, max(end_ps) AS e,
-                         count(*) FILTER (WHERE p.start_ps < c.s OR p.end_ps > c.e) AS n
-                  FROM {rel['att_programs']} p JOIN cycle c USING (host, device) GROUP BY ALL)
-        SELECT avg(greatest(c.s - p.s, 0)) / 1e12, avg(greatest(p.e - c.e, 0)) / 1e12, sum(p.n)
-        FROM cycle c JOIN progs p USING (host, device)""").fetchone()
-    before, after, n = row if row else (None, None, None)
-    if not n:
+        WITH cycle AS (SELECT wall_ps, cycle_ps, idle_ps, idle_in_cycle_ps FROM {rel['device_breakdown']}
+                       WHERE cycle_ps IS NOT NULL AND wall_ps > 0)
+        SELECT avg((wall_ps - cycle_ps) / wall_ps), avg((idle_ps - idle_in_cycle_ps) / wall_ps)
+        FROM cycle""").fetchone()
+    outside, idle = row if row else (None, None)
+    if outside is None or outside < OUTSIDE_CYCLE_SHARE:
         return []
-    return [f"{n} program execution(s) run outside the step cycle (from {before or 0:.3g} s before the "
-            f"first step to {after or 0:.3g} s after the last, mean per device): the breakdown's shares "
-            f"count that time, its gaps as idle (as XProf's duty cycle does); host-overhead does not"]
+    return [f"{outside:.1%} of wall time lies outside the step cycle (before the first step or after the "
+            f"last: set-up program executions, a capture started early), {idle:.1%} of wall idle there: "
+            f"the breakdown's shares count it, as XProf's duty cycle does; host-overhead does not"]
 
 
 def _stats(values: Iterable[float]) -> dict[str, float | None]:
