@@ -244,7 +244,7 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
             rel = materialize_run(con, run_id, config)
             return _analyze(con, run_id, run, config, rel)
         with scratch_database(con, largest_batch_events(con, run_id)):
-            reduce = BatchReduce(run_id)
+            reduce = BatchReduce(run_id, keep_warmup=bool(config["warmup"].get("keep")))
             rel = materialize_per_host(con, run_id, config, batches, on_batch=reduce.add_batch)
             reduce.finish(con)
             rel.update(reduce.relations())
@@ -260,7 +260,8 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     steps = steps_frame(con, rel)
     per_core = per_core_frame(con, rel)
     per_host = per_host_frame(con, rel)
-    collectives = collectives_frame(con, rel, collective_partials)
+    collectives = collectives_frame(con, rel, collective_partials,
+                                    keep_warmup=bool(config["warmup"].get("keep")))
     inputs = input_frame(con, rel)
     ops = ops_frame(con, run_id, rel)
     peaks = device_peaks(con, run_id, run.get("device_type"))

@@ -18,8 +18,8 @@ class BatchReduce:
     into TEMP tables of the caller's connection, ``relations()`` names them (``ops_parts``,
     ``infeed_parts``) for the readers, ``collectives`` the collective partials for ``collectives_frame``."""
 
-    def __init__(self, run_id: int, prefix: str = "ta_") -> None:
-        self.run_id = int(run_id)
+    def __init__(self, run_id: int, prefix: str = "ta_", keep_warmup: bool = False) -> None:
+        self.run_id, self.keep_warmup = int(run_id), keep_warmup
         self.collectives = CollectivePartials()
         self._prefix = prefix
         self._tables = {"ops_parts": f"{prefix}ops_parts", "infeed_parts": f"{prefix}infeed_parts"}
@@ -29,14 +29,16 @@ class BatchReduce:
     def _part(self, key: str, index: int) -> str:
         return f"{SCRATCH}.{self._prefix}b{index}_{key}"
 
-    def add_batch(self, con: duckdb.DuckDBPyConnection, op_rows: str, index: int) -> None:
+    def add_batch(self, con: duckdb.DuckDBPyConnection, op_rows: str, index: int,
+                  steps: str | None = None) -> None:
         """Add batch ``index``'s op rows (a relation with op_steps' columns) into its partial tables
-        (in the scratch database: the caller's connection reads them)."""
+        (in the scratch database: the caller's connection reads them); ``steps``, the batch's
+        step_breakdown, names the warm-up steps the collectives leave out."""
         selects = {"ops_parts": ops_partial_sql(self.run_id, op_rows), "infeed_parts": infeed_sql(op_rows)}
         for key, select in selects.items():
             con.execute(f"CREATE OR REPLACE TABLE {self._part(key, index)} AS {select}")
         partials = CollectivePartials()
-        partials.add(con, op_rows)
+        partials.add(con, op_rows, steps, self.keep_warmup)
         self._batches[index] = partials
 
     def finish(self, con: duckdb.DuckDBPyConnection) -> None:

@@ -57,17 +57,22 @@ class CollectivePartials:
     step_nums: list[pd.DataFrame] = field(default_factory=list)  # kind, step_num (distinct, NaN kept)
     _shapes: dict[str, tuple[float | None, str | None]] = field(default_factory=dict)
 
-    def add(self, con: duckdb.DuckDBPyConnection, op_rows: str) -> None:
+    def add(self, con: duckdb.DuckDBPyConnection, op_rows: str, steps: str | None = None,
+            keep_warmup: bool = False) -> None:
         """Add the collective rows of ``op_rows`` (op_steps' columns: one batch of hosts, or all),
-        aggregated in DuckDB: only the partials come to pandas."""
+        aggregated in DuckDB: only the partials come to pandas. Rows in a warm-up step of ``steps``
+        (step_breakdown's columns) are left out unless ``keep_warmup``, as the step statistics do."""
         rows = "ta_collective_rows"
+        warm = "" if steps is None or keep_warmup else (
+            f" AND (host, device_ordinal, step_start) NOT IN (SELECT host, device_ordinal, start_ps "
+            f"FROM {steps} WHERE is_warmup AND device_ordinal IS NOT NULL AND start_ps IS NOT NULL)")
         con.execute(
             f"""CREATE OR REPLACE TEMP TABLE {rows} AS
                 SELECT collective_kind AS kind, short_name, {SHAPE_TEXT_SQL} AS shape_text, bytes_accessed,
                        host, device_ordinal, step_num, step_start, start_ps, duration_ps,
                        line <> 'Async XLA Ops' AS sync
                 FROM {op_rows}
-                WHERE collective_kind IS NOT NULL AND step_start IS NOT NULL AND NOT step_is_eval""")
+                WHERE collective_kind IS NOT NULL AND step_start IS NOT NULL AND NOT step_is_eval{warm}""")
         try:
             self._add_rows(con, rows)
         finally:
@@ -132,24 +137,25 @@ class CollectivePartials:
 
 
 def collectives_frame(con: duckdb.DuckDBPyConnection, rel: dict[str, str],
-                      partials: CollectivePartials | None = None) -> pd.DataFrame:
-    """One row per collective kind seen in train steps; times are per device step (mean).
-    ``partials`` holds the collective op rows added batch by batch; without it they are read from
-    ``rel['op_steps']`` at once."""
+                      partials: CollectivePartials | None = None, keep_warmup: bool = False) -> pd.DataFrame:
+    """One row per collective kind seen in train steps (warm-up steps left out unless
+    ``keep_warmup``); times are per device step (mean). ``partials`` holds the collective op rows added
+    batch by batch; without it they are read from ``rel['op_steps']`` at once."""
+    train = "NOT is_eval" + ("" if keep_warmup else " AND NOT is_warmup")
     n_steps = con.execute(
-        f"SELECT count(*) FROM {rel['step_breakdown']} WHERE NOT is_eval"
+        f"SELECT count(*) FROM {rel['step_breakdown']} WHERE {train}"
     ).fetchone()[0]
     if not n_steps:
         return pd.DataFrame(columns=COLUMNS)
     if partials is None:
         partials = CollectivePartials()
-        partials.add(con, rel["op_steps"])
+        partials.add(con, rel["op_steps"], rel["step_breakdown"], keep_warmup)
     times = con.execute(
         f"""SELECT c.kind, sum(c.exposed_ps) AS exposed_ps, sum(c.overlapped_ps) AS overlapped_ps
             FROM {rel['collective_time']} c
             JOIN {rel['step_breakdown']} s ON s.host = c.host AND s.device_ordinal = c.device_ordinal
                  AND s.start_ps = c.step_start
-            WHERE NOT s.is_eval GROUP BY c.kind"""
+            WHERE NOT s.is_eval{"" if keep_warmup else " AND NOT s.is_warmup"} GROUP BY c.kind"""
     ).df().set_index("kind")
     if not partials.rows and times.empty:
         return pd.DataFrame(columns=COLUMNS)

@@ -110,9 +110,10 @@ def concat_tables(con: duckdb.DuckDBPyConnection, target: str, parts: list[str],
         con.execute(f"DROP TABLE {part}")
 
 
-# The reduce-side hook: called with each batch's op rows (a relation with op_steps' columns) and the
-# batch's index, on the cursor that made them (any thread: partials are combined in batch order after).
-BatchHook = Callable[[duckdb.DuckDBPyConnection, str, int], None]
+# The reduce-side hook: called with each batch's op rows (a relation with op_steps' columns), the
+# batch's index and its step_breakdown relation, on the cursor that made them (any thread: partials are
+# combined in batch order after).
+BatchHook = Callable[[duckdb.DuckDBPyConnection, str, int, str], None]
 
 # Batches attributed at once, each on its own cursor in a thread of its own: DuckDB runs a statement
 # without Python's lock, and one batch's statements keep only ~1.5 of two cores busy (single-threaded
@@ -336,7 +337,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             with _op_rows(cur, text, f"{local}op_rows", kinds.table, rel) as rows:
                 _append_op_rows(cur, rows_table, rows)
             if on_batch is not None:
-                on_batch(cur, f"({op_steps_select(rows_table, kinds.table)})", i)
+                on_batch(cur, f"({op_steps_select(rows_table, kinds.table)})", i, rel["step_breakdown"])
         except duckdb.Error as exc:
             raise RuntimeError(f"attribution stage op_steps failed: {exc}") from exc
         for name in stages:

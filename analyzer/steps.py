@@ -29,7 +29,9 @@ def _fractions_sql(group: str, rel: dict[str, str]) -> str:
                       sum(mean_step_ps * train_steps) / nullif(sum(train_steps), 0) / 1e9 AS step_time_ms,
                       sum(wall_ps) / 1e9 AS wall_ms,
                       {cats},
-                      sum(collectives_overlapped_ps) / nullif(sum(wall_ps), 0) AS collectives_overlapped
+                      sum(collectives_overlapped_ps) / nullif(sum(wall_ps), 0) AS collectives_overlapped,
+                      sum(idle_in_steps_ps) / 1e9 AS idle_in_steps_ms,
+                      sum(idle_in_cycle_ps) / 1e9 AS idle_in_cycle_ms
                FROM {rel['device_breakdown']} GROUP BY {group} ORDER BY {group}"""
 
 

@@ -116,9 +116,11 @@ def run_section(index: int, analysis: Any) -> RunSection:
         breakdown=view.breakdown_rows(summary, steps, _frame(analysis, "per_core")),
         findings=view.ranked_findings(view.run_findings(analysis)),
         worst_cores=_records(
-            view.worst_rows(steps, ["host", "device_ordinal"], fallback=_frame(analysis, "per_core"))
+            view.worst_rows(steps, ["host", "device_ordinal"], fallback=_frame(analysis, "per_core"),
+                            keep_warmup=view.warmup_kept(summary))
         ),
-        worst_hosts=_records(view.worst_rows(steps, ["host"], fallback=_frame(analysis, "per_host"))),
+        worst_hosts=_records(view.worst_rows(steps, ["host"], fallback=_frame(analysis, "per_host"),
+                                             keep_warmup=view.warmup_kept(summary))),
         top_ops=_records(ops.sort_values("self_time_ms", ascending=False).head(15))
         if ops is not None and not ops.empty
         else [],

@@ -283,7 +283,8 @@ def render_run(console: Console, analysis: Any, database: str | None = None, sho
         ),
         ("Slowest hosts (their slowest core)", "per_host", ["host"]),
     ):
-        rows = view.worst_rows(steps, keys, WORST, fallback=getattr(analysis, frame, None))
+        rows = view.worst_rows(steps, keys, WORST, fallback=getattr(analysis, frame, None),
+                               keep_warmup=view.warmup_kept(summary))
         table = worst_table(title, rows, keys)
         if table is not None:
             console.print(table)

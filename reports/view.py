@@ -18,6 +18,9 @@ import pandas as pd
 from tpuanalyze.reports.charts import CATEGORIES, CATEGORY_LABELS
 
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+# idle outside the step cycle gets its own row under idle from this share of wall time on (below it the
+# row would only show 0.0%)
+OUTSIDE_CYCLE_ROW = 0.001
 
 
 @dataclass
@@ -252,9 +255,10 @@ def breakdown_rows(
 
     Shares are of the devices' wall time (eval and the idle gaps between steps included), so the
     milliseconds come from the per-step rows (mean over train steps and cores), not share x step time.
-    With ``per_core`` (wall time per core) idle is also split into idle within steps and idle between
-    steps (host overhead, catalog §3.7), two rows under it: the between-step gap is most of idle when
-    the host launches each step, and the in-step ms/step alone would hide it.
+    With ``per_core`` (wall time per core) idle is also split into idle within steps, idle between
+    steps (host overhead, catalog §3.7) and idle outside the step cycle (set-up before the first step),
+    rows under it: the between-step gap is most of idle when the host launches each step, and the
+    in-step ms/step alone would hide it; a one-off set-up gap is no per-step cost.
     """
     breakdown = summary.get("breakdown") or {}
     across = summary.get("across_cores") or {}
@@ -264,7 +268,7 @@ def breakdown_rows(
         if "is_eval" in steps.columns:
             train = steps[~steps["is_eval"].fillna(False).astype(bool)]
             eval_steps = steps[steps["is_eval"].fillna(False).astype(bool)]
-            if "is_warmup" in train.columns and not _warmup_kept(summary):
+            if "is_warmup" in train.columns and not warmup_kept(summary):
                 train = train[~train["is_warmup"].fillna(False).astype(bool)]
             if not eval_steps.empty:
                 ms_by_category["eval"] = float(eval_steps["duration_ps"].mean()) / 1e9
@@ -285,39 +289,40 @@ def breakdown_rows(
             row.worst = f"{core.get('host')} : {core.get('device_ordinal')}"
         rows.append(row)
         if category == "idle":
-            rows += _idle_split(row, steps, per_core)
+            rows += _idle_split(row, per_core)
     return rows
 
 
-def _idle_split(idle: BreakdownRow, steps: pd.DataFrame | None,
-                per_core: pd.DataFrame | None) -> list[BreakdownRow]:
-    """Idle within train steps and idle between steps, as shares of wall time and ms per train step."""
-    if steps is None or steps.empty or per_core is None or per_core.empty or "wall_ms" not in per_core:
+def _idle_split(idle: BreakdownRow, per_core: pd.DataFrame | None) -> list[BreakdownRow]:
+    """Idle within train steps, between steps, and outside the step cycle (before the first step or
+    after the last: set-up, a capture started early), as shares of wall time; ms per train step for the
+    first two (the per-step idle host overhead can cause), none for the third (a one-off gap)."""
+    columns = {"wall_ms", "steps", "idle", "idle_in_steps_ms", "idle_in_cycle_ms"}
+    if per_core is None or per_core.empty or not columns <= set(per_core.columns) or not idle.share:
         return []
-    if "idle_ps" not in steps.columns or not idle.share:
-        return []
-    train = steps[~steps["is_eval"].fillna(False).astype(bool)] if "is_eval" in steps.columns else steps
-    if train.empty:
-        return []
-    per = train.groupby(["host", "device_ordinal"], as_index=False).agg(
-        in_step_ms=("idle_ps", lambda s: float(s.fillna(0).sum()) / 1e9), n=("idle_ps", "size"))
-    data = per_core[["host", "device_ordinal", "wall_ms", "idle"]].merge(per, on=["host", "device_ordinal"])
-    data = data[data["wall_ms"] > 0]
+    data = per_core[(per_core["wall_ms"] > 0) & (per_core["steps"].fillna(0) > 0)]
     if data.empty:
         return []
-    in_share = float((data["in_step_ms"] / data["wall_ms"]).mean())
-    between_ms = (data["idle"].fillna(0) * data["wall_ms"] - data["in_step_ms"]).clip(lower=0)
-    between_share = max(0.0, idle.share - in_share)
-    idle.ms_per_step = float(((data["in_step_ms"] + between_ms) / data["n"]).mean())
-    return [
-        BreakdownRow("idle", "within steps", in_share, float((data["in_step_ms"] / data["n"]).mean()),
+    wall, n = data["wall_ms"].astype("float64"), data["steps"].astype("float64")
+    in_ms = data["idle_in_steps_ms"].fillna(0).astype("float64")
+    cycle_ms = data["idle_in_cycle_ms"].astype("float64").fillna(in_ms)
+    between_ms = (cycle_ms - in_ms).clip(lower=0)
+    outside_ms = (data["idle"].fillna(0) * wall - cycle_ms).clip(lower=0)
+    idle.ms_per_step = float(((in_ms + between_ms) / n).mean())
+    rows = [
+        BreakdownRow("idle", "within steps", float((in_ms / wall).mean()), float((in_ms / n).mean()),
                      part_of="idle"),
-        BreakdownRow("idle", "between steps", between_share,
-                     float((between_ms / data["n"]).mean()), part_of="idle"),
+        BreakdownRow("idle", "between steps", float((between_ms / wall).mean()),
+                     float((between_ms / n).mean()), part_of="idle"),
     ]
+    outside = float((outside_ms / wall).mean())
+    if outside >= OUTSIDE_CYCLE_ROW:
+        rows.append(BreakdownRow("idle", "outside the step cycle", outside, None,
+                                 part_of="idle"))
+    return rows
 
 
-def _warmup_kept(summary: dict) -> bool:
+def warmup_kept(summary: dict) -> bool:
     """Whether the analysis kept warm-up steps in its statistics (`report --keep-warmup`)."""
     for warning in capture_warnings(summary):
         if warning.get("code") == "warmup-step":
@@ -368,18 +373,21 @@ def step_time_text(summary: dict) -> str:
     )
 
 
-def per_core_step_ms(steps: pd.DataFrame | None) -> pd.DataFrame:
+def per_core_step_ms(steps: pd.DataFrame | None, keep_warmup: bool = False) -> pd.DataFrame:
     """Per core, means over train steps: step ms, own ms (step minus exposed collectives) and categories.
 
     In synchronous training every core's step lasts as long as the slowest one's, so step time does
     not show a straggler: the others wait for it in the collectives. What a core spends *outside*
     collective waits ("own" time) does: the straggler has the most (catalog §3.3 sync vs compute).
+    Warm-up steps (compilation) are left out unless ``keep_warmup``, as in the step statistics.
     """
     if steps is None or steps.empty:
         return pd.DataFrame()
     train = steps
     if "is_eval" in steps.columns:
         train = steps[~steps["is_eval"].fillna(False).astype(bool)]
+    if "is_warmup" in train.columns and not keep_warmup:
+        train = train[~train["is_warmup"].fillna(False).astype(bool)]
     if train.empty:
         return pd.DataFrame()
     data = pd.DataFrame({"host": train["host"].astype(str), "device_ordinal": train["device_ordinal"]})
@@ -393,7 +401,8 @@ def per_core_step_ms(steps: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def worst_rows(
-    steps: pd.DataFrame | None, keys: list[str], limit: int = 5, fallback: pd.DataFrame | None = None
+    steps: pd.DataFrame | None, keys: list[str], limit: int = 5, fallback: pd.DataFrame | None = None,
+    keep_warmup: bool = False,
 ) -> pd.DataFrame:
     """The cores (keys host, device_ordinal) or hosts (key host) with the most own time.
 
@@ -401,7 +410,7 @@ def worst_rows(
     (the category furthest above its median, e.g. input on a straggler host). A host is its slowest core.
     ``fallback`` (per_core/per_host frames) ranks by step time when there are no step rows.
     """
-    cores = per_core_step_ms(steps)
+    cores = per_core_step_ms(steps, keep_warmup)
     if cores.empty:
         return _worst_by_step_time(fallback, keys, limit)
     if keys == ["host"]:

@@ -256,3 +256,31 @@ def test_partial_aggregates_equal_the_runs_rows_at_once(tmp_path: Path, batch_ev
     # dtypes picked either, run to run)
     assert _close(report_json([whole]), report_json([batched])) == []
     assert "f32-gradient-allreduce" not in {f["rule"] for f in batched.findings}
+
+
+def test_collectives_leave_warmup_out_whole_and_batched(tmp_path: Path, shared_traces: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared pmap8_train_eval capture (one all-reduce per device per train step; it compiles in
+    step 0) written as two hosts: the warm-up step is out of the collectives' per-step figures on the
+    whole-run path and batch by batch alike, and back in with warmup.keep."""
+    import shutil
+
+    src = next((shared_traces / "jax_cpu" / "pmap8_train_eval").rglob("*.xplane.pb"))
+    run = tmp_path / "logs" / "plugins" / "profile" / "2026_01_01_00_00_00"
+    run.mkdir(parents=True)
+    for host in ("hosta", "hostb"):
+        shutil.copy(src, run / f"{host}.xplane.pb")
+    db = _ingest([tmp_path / "logs"], tmp_path / "two.duckdb")
+    whole, batched = _analyse(db, WHOLE_RUN, monkeypatch), _analyse(db, ONE_HOST, monkeypatch)
+    _same(whole, batched)
+    (a,) = whole
+    assert a.summary["warmup_steps"] == 1
+    (row,) = a.summary["collectives"]
+    assert row["kind"] == "all-reduce" and row["count_per_step"] == 1.0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        kept = analyze_run(con, a.run_id, {"warmup": {"keep": True}})
+    finally:
+        con.close()
+    assert kept.summary["collectives"][0]["count_per_step"] > 1.0
+    assert kept.summary["collectives"][0]["exposed_ms_per_step"] > row["exposed_ms_per_step"]

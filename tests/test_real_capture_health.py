@@ -127,3 +127,33 @@ def test_eager_jax_gpu_steps_hold_one_program(shared_traces: Path, shared_captur
     assert len(a.summary["programs"]) > 5
     step_program = [p for p in a.summary["programs"] if p["is_step_program"]]
     assert len(step_program) == 1 and step_program[0]["program"] == a.steps["program"].iloc[0]
+
+
+@pytest.mark.parametrize("capture", [V6E, "jax_cpu/single_jit_train", "jax_cpu/pmap8_input_bound",
+                                     "jax_cpu/pmap8_train_eval"])
+def test_idle_split_adds_up_without_warmup_or_setup(shared_traces: Path, shared_captures,
+                                                    capture: str) -> None:
+    """The report's idle rows (within steps, between steps, outside the step cycle) add up to idle's
+    share, and the per-step ones leave the warm-up step and the set-up gap out: in-step idle per step
+    is never more than the step (a compile step's idle spread over the steps read 25615%)."""
+    from tpuanalyze.reports.view import breakdown_rows, worst_rows
+
+    a = shared_captures.analysis(shared_traces / capture)
+    rows = breakdown_rows(a.summary, a.steps, a.per_core)
+    (idle,) = [r for r in rows if r.category == "idle" and not r.part_of]
+    parts = {r.label: r for r in rows if r.part_of == "idle"}
+    assert {"within steps", "between steps"} <= set(parts)
+    assert sum(r.share for r in parts.values()) == pytest.approx(idle.share, abs=1e-9)
+    step_ms = a.summary["step_time_ms"]["mean"]
+    assert 0 <= parts["within steps"].ms_per_step <= step_ms
+    assert 0 <= parts["within steps"].share <= idle.share
+    if capture == V6E:  # 13% idle before the first step: none of it per step
+        assert parts["outside the step cycle"].share > 0.10
+        assert parts["outside the step cycle"].ms_per_step is None
+        assert idle.ms_per_step < 0.01
+    cores = worst_rows(a.steps, ["host", "device_ordinal"], limit=100)
+    train = a.steps[~a.steps["is_eval"] & ~a.steps["is_warmup"]]
+    assert len(cores) == train.groupby(["host", "device_ordinal"]).ngroups
+    by_core = train.groupby(["host", "device_ordinal"])["duration_ps"].mean() / 1e9
+    for _, core in cores.iterrows():  # the slowest-cores table's step ms: train steps, no warm-up
+        assert core["step_time_ms"] == pytest.approx(by_core[(core["host"], core["device_ordinal"])])
