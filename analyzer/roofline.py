@@ -10,6 +10,12 @@ Peaks come from the device planes' stats (``peak_teraflops_per_second``,
 ``peak_hbm_bw_gigabytes_per_second``, as XProf reads them); a TPU v3 trace without them gets the
 catalog's per-core figures (catalog §2: 123 TFLOP/s and ~900 GB/s per chip of 2 cores); any other
 device without them has no roofline (bound-by unknown).
+
+The halves of an async transfer (category ``memory_transfer``: ``copy-start`` / ``copy-done``, a
+host-offload transfer) have no roofline: the ``bytes_accessed`` XLA gives them is the whole copy, charged
+to a nanoseconds-long start or to a done that waits on a link (PCIe/DMA for host offload) rather than
+streaming HBM, so the HBM roof would read 549,609x for the start and 2% for the wait (the v6e capture).
+XProf rates them anyway; this is where the two tools differ on purpose.
 """
 
 from __future__ import annotations
@@ -95,6 +101,11 @@ def add_roofline(ops: pd.DataFrame, peaks: Peaks) -> pd.DataFrame:
                           flop_rate_tflops=pd.Series(dtype="float64"), hbm_gbps=pd.Series(dtype="float64"),
                           bound_by=pd.Series(dtype="object"), achieved_fraction=pd.Series(dtype="float64"))
     columns = _roofline_columns(ops["flops"], ops["bytes_accessed"], ops["self_time_ms"] * 1e9, peaks)
+    if "category" in ops.columns:  # async transfer halves: no roof (module docstring)
+        transfer = (ops["category"] == "memory_transfer").to_numpy()
+        columns.loc[transfer, ["operational_intensity", "flop_rate_tflops", "hbm_gbps",
+                               "achieved_fraction"]] = np.nan
+        columns["bound_by"] = columns["bound_by"].astype("object").where(~transfer, None)
     return pd.concat([ops.drop(columns=[c for c in columns.columns if c in ops.columns]), columns], axis=1)
 
 
@@ -106,6 +117,8 @@ def programs_roofline(ops: pd.DataFrame, peaks: Peaks) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     data = ops.assign(program=ops["hlo_module"].fillna("(no program)").astype(str))
     data = data[(data["flops"].fillna(0) > 0) | (data["bytes_accessed"].fillna(0) > 0)]
+    if "category" in data.columns:
+        data = data[data["category"] != "memory_transfer"]
     if data.empty:
         return pd.DataFrame(columns=columns)
     grouped = data.groupby("program", as_index=False)[["self_time_ms", "flops", "bytes_accessed"]].sum()
