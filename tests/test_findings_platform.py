@@ -85,6 +85,34 @@ def test_gpu_advice_names_the_gpu_techniques(shared_analyses: dict) -> None:
     assert advice_platform(amd.summary["identity"])["vendor"] == "AMD"
 
 
+def test_amd_advice_names_hip_not_cuda(shared_analyses: dict) -> None:
+    """MI300X / MI355X captures: the graph capture and stream are HIP's, the collective library RCCL."""
+    checked = 0
+    for a in _pick(shared_analyses, "gpu_mi3"):
+        assert advice_platform(a.summary["identity"])["vendor"] == "AMD"
+        for f in a.findings:
+            assert "CUDA" not in f["recommendation"] and "NCCL" not in f["recommendation"].replace(
+                "RCCL", ""), (f["rule"], f["recommendation"])
+            if f["rule"] == "host-overhead":
+                assert "HIP graphs" in f["recommendation"]
+                checked += 1
+    assert checked >= 1
+
+
+def test_all_to_all_is_not_advised_as_a_gradient_all_reduce(shared_analyses: dict) -> None:
+    """The Kineto NCCL ranks' exposed collective time is the embedding all-to-all (SendRecv kernels),
+    not a gradient all-reduce: the advice and the gain model say so, with no torus on a GPU."""
+    for a in _pick(shared_analyses, "kineto_nccl_rank"):
+        coll = {f["rule"]: f for f in a.findings}["collective-bound"]
+        assert coll["evidence"]["metrics"]["most_exposed_kind"] == "all-to-all"
+        assert "all-to-all" in coll["recommendation"] and "gradient all-reduce" not in coll["recommendation"]
+        assert "torus" not in coll["estimated_gain"]["model"]
+    (jax,) = _pick(shared_analyses, "jax_cpu/pmap8_train_eval")  # a psum: the all-reduce wording
+    coll = {f["rule"]: f for f in jax.findings}["collective-bound"]
+    assert coll["evidence"]["metrics"]["most_exposed_kind"] == "all-reduce"
+    assert "all-to-all" not in coll["recommendation"]
+
+
 def test_cpu_advice_speaks_of_host_threads(shared_analyses: dict) -> None:
     for a in _pick(shared_analyses, "jax_cpu"):
         platform = advice_platform(a.summary["identity"])

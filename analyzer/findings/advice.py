@@ -3,8 +3,9 @@
 A rule's technique applies to some platforms (TPU / GPU / CPU) and workloads (training / inference).
 The text is looked up as ``<family>/<mode>``, then ``<family>``; a platform without text means the
 technique does not apply there and the rule stays silent. TPU texts may name the generation's torus
-(``{torus}``: 2-D on v2/v3/v5e/v6e, 3-D on v4/v5p) and the GPU collective library (``{ccl}``: NCCL on
-NVIDIA, RCCL on AMD).
+(``{torus}``: 2-D on v2/v3/v5e/v6e, 3-D on v4/v5p), the GPU collective library (``{ccl}``: NCCL on
+NVIDIA, RCCL on AMD) and the vendor's graph capture and stream (``{graphs}``, ``{stream}``: CUDA on
+NVIDIA, HIP on AMD).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ ADVICE: dict[str, Advice] = {
                "the next batch is on the device before the step needs it.",
         "GPU": "Scale the input pipeline: more dataloader workers (or tf.data parallel map/interleave), "
                "cache decoded records, fused decode-and-crop, pinned host memory and prefetch to the GPU "
-               "(non-blocking copies on their own CUDA stream) so the next batch is there before the step.",
+               "(non-blocking copies on their own {stream}) so the next batch is there before the step.",
         "CPU": "The host both feeds and computes: give the input pipeline its own threads (tf.data / "
                "loader worker threads, prefetch), cache decoded records and fuse decode-and-crop, so the "
                "batch is ready before the step starts.",
@@ -60,6 +61,16 @@ ADVICE: dict[str, Advice] = {
                          "asynchronously (pinned memory, side stream) and batch the transfers.",
     }),
     "collective-bound": Advice("3.3", BOTH, {  # catalog §2, §3.3
+        # most of the exposed time in all-to-all: an embedding or expert exchange, not a gradient sum
+        "TPU/all-to-all": "The exposed collective is an all-to-all (an embedding or expert exchange, not a "
+                          "gradient sum): overlap it with dense compute (pipeline the next batch's "
+                          "exchange), cut its volume (deduplicate ids, lower-precision payloads, a smaller "
+                          "expert capacity factor) and keep the exchanging mesh axis on ICI, not the DCN.",
+        "GPU/all-to-all": "The exposed collective is an all-to-all (an embedding or expert exchange, not a "
+                          "gradient sum): overlap the {ccl} all-to-all with dense compute on its own stream "
+                          "(pipeline the next batch's exchange), cut its volume (deduplicate ids, "
+                          "lower-precision payloads, a smaller expert capacity factor) and keep the "
+                          "exchanging groups inside one NVLink/xGMI node.",
         "TPU/training": "Make the gradient all-reduce cheaper and hidden: a {torus} schedule (reduce-scatter "
                         "along one axis, all-reduce along the next, all-gather back) with two concurrent "
                         "schedules over ICI, overlapped with backward, instead of a ring or the DCN.",
@@ -91,9 +102,9 @@ ADVICE: dict[str, Advice] = {
                          "dominating.",
         "GPU/training": "Combine small all-reduces into larger {ccl} calls (gradient buckets, XLA's combiner "
                         "thresholds) overlapped with backward on their own stream, and capture the step in "
-                        "CUDA graphs so per-launch latency disappears.",
+                        "{graphs} so per-launch latency disappears.",
         "GPU/inference": "Combine small collectives into larger {ccl} calls and capture the forward pass in "
-                         "CUDA graphs so per-launch latency disappears.",
+                         "{graphs} so per-launch latency disappears.",
         "CPU": "Combine small all-reduces into a few large ones (XLA's all-reduce combiner thresholds): on "
                "one host each collective costs a synchronisation of all device threads.",
     }),
@@ -124,12 +135,14 @@ ADVICE: dict[str, Advice] = {
                         "while-loop with per-step infeed (JAX), so the host does not launch every step.",
         "TPU/inference": "Keep the device fed: dispatch calls asynchronously (no host sync between them), "
                          "batch requests, and compile larger programs so the host launches less often.",
-        "GPU/training": "The GPU waits for the host to launch work: capture the step in CUDA graphs, fuse "
-                        "small kernels (XLA / torch.compile), avoid host synchronisations (.item(), blocking "
-                        "copies) and add input workers (DataLoader num_workers, tf.data parallel calls), so "
-                        "the host runs ahead of the GPU.",
-        "GPU/inference": "The GPU waits for the host to launch work: capture the forward pass in CUDA "
-                         "graphs, fuse small kernels, dispatch asynchronously and batch requests.",
+        "GPU/training": "The GPU waits for the host to launch work: capture the step in {graphs} (XLA "
+                        "command buffers under JAX/TF), jit the whole step or fuse small kernels "
+                        "(torch.compile), avoid host synchronisations (.item(), blocking copies, "
+                        "block_until_ready per step) and add input workers (DataLoader num_workers, tf.data "
+                        "parallel calls), so the host runs ahead of the GPU.",
+        "GPU/inference": "The GPU waits for the host to launch work: capture the forward pass in {graphs} "
+                         "(XLA command buffers under JAX/TF), fuse small kernels, dispatch asynchronously "
+                         "and batch requests.",
         "CPU": "The XLA CPU devices wait for the host thread that launches them: dispatch asynchronously "
                "(no block_until_ready per step), jit the whole step, and leave host threads free for the "
                "launches (fewer devices or intra-op threads per host).",
@@ -181,5 +194,7 @@ def recommendation(rule: str, platform: dict[str, Any], variant: str = "") -> st
     if text is None:
         return None
     torus = "3-D torus" if platform.get("generation") in TORUS_3D else "2-D torus"
-    ccl = "RCCL" if str(platform.get("vendor") or "").upper() == "AMD" else "NCCL"
-    return text.format(torus=torus, ccl=ccl)
+    amd = str(platform.get("vendor") or "").upper() == "AMD"
+    vendor = "HIP" if amd else "CUDA"
+    return text.format(torus=torus, ccl="RCCL" if amd else "NCCL", graphs=f"{vendor} graphs",
+                       stream=f"{vendor} stream")
