@@ -294,6 +294,8 @@ WHERE $run_filter AND $e_host AND NOT $has_device_planes AND e.plane LIKE '/host
 -- stage: att_input_spans
 -- Host-only runs: inside a step annotation, the time before the step's first program dispatch
 -- (PjitFunction / Execute on the annotating thread) is the host producing the batch = input wait.
+-- PyTorch profiles (Kineto JSON): the DataLoader's __next__ on the annotating thread inside a
+-- ProfilerStep is the loop waiting for its batch: the GPU's idle under it is input, not launch overhead.
 SELECT s.run_id, s.host, s.device, s.start_ps, least(s.end_ps, min(e.start_ps)) AS end_ps
 FROM $att_steps s
 JOIN $att_runs r ON r.run_id = s.run_id
@@ -302,7 +304,17 @@ JOIN events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.li
              AND regexp_matches(e.name, $pat_dispatch)
 -- (step annotations are steps of host-only runs only: att_steps' host_steps)
 WHERE s.step_source = 'step_annotation' AND NOT s.named_eval AND $e_host AND NOT $has_device_planes
-GROUP BY s.run_id, s.host, s.device, s.start_ps, s.end_ps;
+  AND NOT $is_kineto
+GROUP BY s.run_id, s.host, s.device, s.start_ps, s.end_ps
+UNION ALL
+SELECT s.run_id, s.host, s.device, greatest(s.start_ps, e.start_ps),
+       least(s.end_ps, e.start_ps + e.duration_ps)
+FROM $att_steps s
+JOIN $att_runs r ON r.run_id = s.run_id
+JOIN events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.line_index
+             AND e.start_ps < s.end_ps AND e.start_ps + e.duration_ps > s.start_ps
+             AND regexp_matches(lower(e.name), $pat_dataloader)
+WHERE s.step_source = 'step_annotation' AND NOT s.named_eval AND $e_host AND $is_kineto;
 
 -- stage: att_intervals
 -- Everything the sweep needs, one row per (device, category, span). Categories get priorities:

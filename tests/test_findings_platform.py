@@ -113,6 +113,32 @@ def test_all_to_all_is_not_advised_as_a_gradient_all_reduce(shared_analyses: dic
     assert "all-to-all" not in coll["recommendation"]
 
 
+def test_pytorch_dataloader_wait_is_input_not_launch_overhead(shared_analyses: dict) -> None:
+    """kineto_resnet50_v100: the loop's DataLoader __next__ (single-process loader) runs inside each
+    ProfilerStep while the GPU has little to do. That idle is input: input-bound fires, and ranks above
+    host-overhead. Bounds from the raw events: the __next__ windows, less the GPU work inside them."""
+    (a,) = _pick(shared_analyses, "kineto_resnet50_v100")
+    rules = [f["rule"] for f in a.findings]
+    assert rules[0] == "input-bound", rules
+    con = duckdb.connect(str(shared_analyses["db"]), read_only=True)
+    try:
+        window_ps, busy_ps = con.execute("""
+            WITH n AS (SELECT start_ps AS s, start_ps + duration_ps AS e FROM events
+                       WHERE run_id = $run AND name LIKE 'enumerate(DataLoader)#%__next__'),
+                 k AS (SELECT start_ps AS s, start_ps + duration_ps AS e FROM events
+                       WHERE run_id = $run AND json_extract_string(stats, '$.cat')
+                             IN ('Kernel', 'kernel', 'Memcpy', 'gpu_memcpy', 'Memset', 'gpu_memset'))
+            SELECT (SELECT sum(e - s) FROM n),
+                   (SELECT sum(least(k.e, n.e) - greatest(k.s, n.s)) FROM n JOIN k ON k.s < n.e AND k.e > n.s)
+            """, {"run": a.run_id}).fetchone()
+    finally:
+        con.close()
+    input_ps = float(a.steps.loc[~a.steps["is_eval"] & ~a.steps["is_warmup"], "input_ps"].sum())
+    # H2D copies outside the windows are input too, so the sum may exceed the idle under __next__
+    assert window_ps - busy_ps <= input_ps <= window_ps + 0.02 * float(a.steps["duration_ps"].sum())
+    assert a.summary["breakdown"]["input"] > 0.25
+
+
 def test_cpu_advice_speaks_of_host_threads(shared_analyses: dict) -> None:
     for a in _pick(shared_analyses, "jax_cpu"):
         platform = advice_platform(a.summary["identity"])
