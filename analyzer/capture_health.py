@@ -145,8 +145,12 @@ def _clock_skew(steps: pd.DataFrame, max_fraction: float, min_steps: int) -> lis
         skew_ms=skew_ms, step_ms=step_ms, threshold_fraction=max_fraction, worst_host=worst)]
 
 
-def _truncated_steps(steps: pd.DataFrame, partial_fraction: float) -> list[dict]:
-    """A first or last step much shorter than the median: the profile window cut it."""
+def _truncated_steps(steps: pd.DataFrame, partial_fraction: float,
+                     activity: pd.DataFrame | None = None) -> list[dict]:
+    """A first or last step much shorter than the median: the profile window cut it. With ``activity``
+    (per host and device_ordinal: first_ps, last_ps of its captured program executions, steps and eval
+    spans) a short step with captured activity before it (first) or after it (last) is no cut: the
+    window saw past it, the step is only short (a smaller problem size, another program's step)."""
     if steps.empty:
         return []
     # per device (in host, device order), its train steps by start: the first and the last step of a
@@ -156,9 +160,15 @@ def _truncated_steps(steps: pd.DataFrame, partial_fraction: float) -> list[dict]
     by_device = train.groupby(["host", "device_ordinal"], sort=False)["duration_ps"]
     short = ((by_device.transform("size") >= 3)
              & (train["duration_ps"] < partial_fraction * by_device.transform("median")))
+    at_first, at_last = pd.Series(True, index=train.index), pd.Series(True, index=train.index)
+    if activity is not None and not activity.empty and short.any():
+        seen = train[["host", "device_ordinal"]].merge(activity, on=["host", "device_ordinal"], how="left")
+        seen.index = train.index
+        at_first = ~(seen["first_ps"] < train["start_ps"])  # nothing captured before it on its device
+        at_last = ~(seen["last_ps"] > train["start_ps"] + train["duration_ps"])
     cut: dict[str, list[int]] = {}
-    for edge, at_edge in (("first", by_device.cumcount() == 0),
-                          ("last", by_device.cumcount(ascending=False) == 0)):
+    for edge, at_edge in (("first", (by_device.cumcount() == 0) & at_first),
+                          ("last", (by_device.cumcount(ascending=False) == 0) & at_last)):
         cut[edge] = [int(n) for n in pd.unique(train.loc[short & at_edge, "step_num"].astype("int64"))]
     if not cut["first"] and not cut["last"]:
         return []
@@ -168,6 +178,16 @@ def _truncated_steps(steps: pd.DataFrame, partial_fraction: float) -> list[dict]
         f"the profile window cuts the run: {' and '.join(parts)} shorter than {partial_fraction:.0%} of the "
         "median step (partial)",
         first_steps=cut["first"], last_steps=cut["last"], threshold_fraction=partial_fraction)]
+
+
+def _device_activity(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) -> pd.DataFrame:
+    """Per device: the first start and last end of its captured program executions, steps, eval spans."""
+    return con.execute(f"""
+        SELECT host, device AS device_ordinal, min(start_ps) AS first_ps, max(end_ps) AS last_ps FROM (
+            SELECT host, device, start_ps, end_ps FROM {rel['att_programs']}
+            UNION ALL SELECT host, device, start_ps, end_ps FROM {rel['att_steps']}
+            UNION ALL SELECT host, device, start_ps, end_ps FROM {rel['att_eval_spans']})
+        GROUP BY ALL""").df()
 
 
 def _truncated_event_limit(con: duckdb.DuckDBPyConnection, run_id: int, limit: int) -> list[dict]:
@@ -210,7 +230,7 @@ def capture_warnings(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str,
     warnings += _warmup(steps, kept)
     warnings += _hosts_missing(con, run_id, identity)
     warnings += _clock_skew(steps, float(th["clock_skew_fraction"]), int(th["clock_skew_min_steps"]))
-    warnings += _truncated_steps(steps, float(th["partial_step_fraction"]))
+    warnings += _truncated_steps(steps, float(th["partial_step_fraction"]), _device_activity(con, rel))
     warnings += _truncated_event_limit(con, run_id, int(th["trace_json_event_limit"]))
     warnings += _profiler_messages(con, run_id)
     return warnings

@@ -290,3 +290,34 @@ def test_truncated_steps_vectorised_equals_the_rule(rows: list[tuple]) -> None:
         assert got == []
     else:
         assert (got[0]["first_steps"], got[0]["last_steps"]) == (expected["first"], expected["last"])
+
+
+def test_short_edge_step_with_activity_beyond_it_is_not_cut() -> None:
+    """A short first or last step is a cut only when nothing of its device was captured before (first)
+    or after (last) it: activity beyond it means the window saw past the step."""
+    from tpuanalyze.analyzer.capture_health import _truncated_steps
+
+    steps = pd.DataFrame({"host": "h", "device_ordinal": 0, "step_num": range(5),
+                          "start_ps": [0, 10, 110, 210, 310], "duration_ps": [5, 100, 100, 100, 20],
+                          "is_eval": False})
+    (cut,) = _truncated_steps(steps, 0.5)
+    assert (cut["first_steps"], cut["last_steps"]) == ([0], [4])
+    edges = pd.DataFrame({"host": ["h"], "device_ordinal": [0], "first_ps": [0], "last_ps": [330]})
+    (cut,) = _truncated_steps(steps, 0.5, edges)  # activity exactly at the steps' edges: still cut
+    assert (cut["first_steps"], cut["last_steps"]) == ([0], [4])
+    beyond = edges.assign(first_ps=-50, last_ps=400)  # programs ran before the first and after the last
+    assert _truncated_steps(steps, 0.5, beyond) == []
+
+
+def test_real_gemm_sweep_is_not_called_truncated(shared_traces: Path, tmp_path: Path) -> None:
+    """gpu_mi300x_jax08_gemm: its first jit_dot is a small problem size, complete, with kernels of the
+    device captured before it; no `truncated` warning."""
+    db = tmp_path / "gemm.duckdb"
+    run_id = ingest_paths([shared_traces / "real" / "gpu_mi300x_jax08_gemm.xplane.pb"], db).run_ids[0]
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        a = analyze_run(con, run_id)
+    finally:
+        con.close()
+    assert "truncated" not in _codes(a)
+    assert len(a.steps) >= 3  # the rule had steps to judge
