@@ -139,6 +139,28 @@ def test_pytorch_dataloader_wait_is_input_not_launch_overhead(shared_analyses: d
     assert a.summary["breakdown"]["input"] > 0.25
 
 
+def test_gpu_transpose_fusions_are_data_formatting(shared_analyses: dict) -> None:
+    """The MI300X conv run (JAX, ROCm): XLA GPU's input_transpose_fusion / loop_transpose_fusion
+    kernels (NCDHW <-> NDHWC around the convolution) are over half the compute: data-formatting fires,
+    its share as a plain name match over the op rows counts it, worded for AMD."""
+    (a,) = _pick(shared_analyses, "gpu_mi300x_jax_conv_rundir")
+    fmt = {f["rule"]: f for f in a.findings}["data-formatting"]
+    con = duckdb.connect(str(shared_analyses["db"]))  # writable: the views `tpuanalyze sql` reads
+    try:
+        install_views(con)
+        (share,) = con.execute("""
+            SELECT sum(duration_ps) FILTER (WHERE short_name LIKE '%transpose%fusion%'
+                                               OR short_name LIKE '%copy%fusion%') / sum(duration_ps)
+            FROM op_steps WHERE run_id = $run AND step_start IS NOT NULL AND NOT step_is_eval
+              AND category IN ('compute', 'weight_update') AND NOT is_container""",
+                               {"run": a.run_id}).fetchone()
+    finally:
+        con.close()
+    assert share > 0.5
+    assert fmt["evidence"]["metrics"]["data_formatting_share_of_compute"] == pytest.approx(share, abs=1e-6)
+    assert "Matrix Cores" in fmt["recommendation"] and "Tensor Cores" not in fmt["recommendation"]
+
+
 def test_cpu_advice_speaks_of_host_threads(shared_analyses: dict) -> None:
     for a in _pick(shared_analyses, "jax_cpu"):
         platform = advice_platform(a.summary["identity"])

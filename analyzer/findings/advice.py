@@ -5,7 +5,7 @@ The text is looked up as ``<family>/<mode>``, then ``<family>``; a platform with
 technique does not apply there and the rule stays silent. TPU texts may name the generation's torus
 (``{torus}``: 2-D on v2/v3/v5e/v6e, 3-D on v4/v5p), the GPU collective library (``{ccl}``: NCCL on
 NVIDIA, RCCL on AMD) and the vendor's graph capture and stream (``{graphs}``, ``{stream}``: CUDA on
-NVIDIA, HIP on AMD).
+NVIDIA, HIP on AMD) and its matrix units (``{mma}``: Tensor Cores, Matrix Cores).
 """
 
 from __future__ import annotations
@@ -165,9 +165,9 @@ ADVICE: dict[str, Advice] = {
                     "batch-minor) so device-side copies and transposes disappear.",
         "TPU": "Device-side copies and transposes are layout changes: choose MXU-friendly layouts for the "
                "operands (batch-minor, feature dimensions multiples of 128) so XLA stops inserting them.",
-        "GPU": "Device-side copies and transposes are layout changes: keep tensors channels-last (NHWC) for "
-               "Tensor Cores and let the compiler fuse the transposes (XLA / torch.compile) instead of "
-               "explicit copies.",
+        "GPU": "Device-side copies and transposes are layout changes: keep tensors channels-last (NHWC / "
+               "NDHWC) for the {mma} and let the compiler fuse the transposes (XLA / torch.compile) "
+               "instead of explicit copies.",
     }),
     "straggler": Advice("3.3, 3.8", BOTH, {  # catalog §3.3, §3.8
         "TPU": "A slow host or core holds every other core in the collectives: find the worst host (infeed "
@@ -197,4 +197,4 @@ def recommendation(rule: str, platform: dict[str, Any], variant: str = "") -> st
     amd = str(platform.get("vendor") or "").upper() == "AMD"
     vendor = "HIP" if amd else "CUDA"
     return text.format(torus=torus, ccl="RCCL" if amd else "NCCL", graphs=f"{vendor} graphs",
-                       stream=f"{vendor} stream")
+                       stream=f"{vendor} stream", mma="Matrix Cores" if amd else "Tensor Cores")
