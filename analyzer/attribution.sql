@@ -135,8 +135,11 @@ WHERE r.line <> 'Async XLA Ops' OR c.collective_kind IS NOT NULL;
 -- with its fingerprint, e.g. `jit_f(1219...)`). A trace may run several programs (init, a psum, the
 -- train step, eval); only one of them forms the step series (att_steps). Without an XLA Modules line
 -- (GPU traces of JAX), an execution is the device ops of one module launched inside one host execute
--- call: device op -> the host launch event with its correlation_id -> the innermost host dispatch
--- event ($pat_dispatch or GpuExecutable::ExecuteThunks) whose span holds that launch.
+-- call: device op -> the host launch event with its correlation_id -> the outermost host dispatch
+-- event ($pat_dispatch or GpuExecutable::ExecuteThunks) whose span holds that launch: the user's call.
+-- (JAX 0.8 on ROCm launches from a thread of its own while one per-device ExecuteHelper per GPU
+-- overlaps the others: the innermost span holding a launch changed mid-execution, 100 "executions"
+-- of 5 calls.)
 WITH modules AS (
     SELECT e.run_id, e.host, e.device_ordinal AS device,
            coalesce(nullif(e.hlo_module, ''), e.name) AS program, e.program_id,
@@ -157,7 +160,7 @@ WITH modules AS (
       AND e.run_id IN (SELECT run_id FROM launched)
       AND (regexp_matches(e.name, $pat_dispatch) OR e.name = 'GpuExecutable::ExecuteThunks')
 ), keyed AS (
-    SELECT l.run_id, l.host, l.device, l.program, l.start_ps, l.duration_ps, max(d.start_ps) AS exec_key
+    SELECT l.run_id, l.host, l.device, l.program, l.start_ps, l.duration_ps, min(d.start_ps) AS exec_key
     FROM launched l JOIN dispatch d
       ON d.run_id = l.run_id AND d.host = l.host AND d.start_ps <= l.launch_ps AND d.end_ps >= l.launch_ps
     GROUP BY ALL

@@ -161,6 +161,27 @@ def test_gpu_transpose_fusions_are_data_formatting(shared_analyses: dict) -> Non
     assert "Matrix Cores" in fmt["recommendation"] and "Tensor Cores" not in fmt["recommendation"]
 
 
+def test_jax08_gpu_executions_are_the_users_calls(shared_analyses: dict) -> None:
+    """gpu_mi300x_jax08_conv: JAX 0.8 launches the kernels from a thread of its own while eight
+    per-device ExecuteHelper spans overlap; an execution is the user's call (the outermost execute
+    span), so each device has as many steps as the python thread has Execute calls (5 kernels each)."""
+    (a,) = _pick(shared_analyses, "gpu_mi300x_jax08_conv")
+    con = duckdb.connect(str(shared_analyses["db"]), read_only=True)
+    try:
+        (calls,) = con.execute("SELECT count(*) FROM events WHERE run_id = $run AND line = 'python' "
+                               "AND name = 'PjRtStreamExecutorLoadedExecutable::Execute'",
+                               {"run": a.run_id}).fetchone()
+        kernels = con.execute("SELECT device_ordinal, count(*) FROM events WHERE run_id = $run "
+                              "AND plane LIKE '/device:GPU:%' AND line LIKE 'Stream #%' GROUP BY ALL",
+                              {"run": a.run_id}).fetchall()
+    finally:
+        con.close()
+    per_device = a.steps.groupby("device_ordinal").size()
+    assert calls == 5 and len(per_device) == 8 and set(per_device) == {calls}
+    assert [n for _, n in kernels].count(5 * calls) >= 7  # GPU:0 also ran the set-up kernels
+    assert a.summary["step_time_ms"]["min"] > 0.5  # whole executions, not one-kernel fragments
+
+
 def test_cpu_advice_speaks_of_host_threads(shared_analyses: dict) -> None:
     for a in _pick(shared_analyses, "jax_cpu"):
         platform = advice_platform(a.summary["identity"])
