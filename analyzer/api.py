@@ -48,6 +48,9 @@ from tpuanalyze.errors import TpuAnalyzeError
 # Time outside the step cycle worth a note: above host-overhead's 3% trigger (catalog §3.7, §4), where
 # the breakdown's idle and host-overhead's step-cycle idle could disagree on whether the rule fires.
 OUTSIDE_CYCLE_SHARE = 0.05
+# The step program's share of program time below which the notes say that steps describe one program of
+# many (a training capture's step program is nearly all of it: v6e 99%; the MI300X eager attention 56%).
+STEP_PROGRAM_SHARE = 0.75
 
 __all__ = ["RunAnalysis", "analyze_run", "analyze_db", "report_json", "install_views", "load_thresholds"]
 
@@ -157,6 +160,21 @@ def _outside_cycle_note(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) -> 
     return [f"{outside:.1%} of wall time lies outside the step cycle (before the first step or after the "
             f"last: set-up program executions, a capture started early), {idle:.1%} of wall idle there: "
             f"the breakdown's shares count it, as XProf's duty cycle does; host-overhead does not"]
+
+
+def _step_program_note(programs: pd.DataFrame) -> list[str]:
+    """Said when the step series (one program's executions) is a minor part of the device's program
+    time: an eager-style capture of many small programs, where step statistics describe one of them."""
+    step = programs[programs["is_step_program"]]
+    total = float(programs["total_ms_per_device"].sum())
+    if step.empty or not total:
+        return []
+    share = float(step["total_ms_per_device"].sum()) / total
+    if share >= STEP_PROGRAM_SHARE:
+        return []
+    return [f"the step series is {step['program'].iloc[0]}'s executions, {share:.0%} of the devices' "
+            f"program time; {len(programs) - len(step)} other program(s) run beside it (an eager-style "
+            f"capture?): step time, the breakdown per step and per-step gains describe that program alone"]
 
 
 def _stats(values: Iterable[float]) -> dict[str, float | None]:
@@ -304,6 +322,7 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     programs = programs_frame(con, rel)
     if len(programs) > 1:
         summary["programs"] = programs.to_dict("records")
+        summary["notes"] += _step_program_note(programs)
     summary["identity"]["workload"].update(workload_mode(con, run_id, rel, config))
     analysis.findings = evaluate_findings(con, rel, int(run_id), config, advice_platform(summary["identity"]),
                                           summary["identity"])

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 import pytest
 from conftest import run_cli
 from test_report_pipeline import generated_run, ingested
@@ -180,6 +181,21 @@ def test_jax08_gpu_executions_are_the_users_calls(shared_analyses: dict) -> None
     assert calls == 5 and len(per_device) == 8 and set(per_device) == {calls}
     assert [n for _, n in kernels].count(5 * calls) >= 7  # GPU:0 also ran the set-up kernels
     assert a.summary["step_time_ms"]["min"] > 0.5  # whole executions, not one-kernel fragments
+
+
+def test_eager_capture_says_steps_describe_one_program(shared_analyses: dict) -> None:
+    """gpu_mi300x_jax08_attention runs 13 small programs eagerly; the step series (the largest one,
+    jit_matmul) is 56% of their time: a note says the step figures describe that program alone. The
+    v6e capture's jit_f is nearly all of its program time: no note."""
+    (eager,) = _pick(shared_analyses, "gpu_mi300x_jax08_attention")
+    programs = pd.DataFrame(eager.summary["programs"])
+    share = programs.loc[programs["is_step_program"], "total_ms_per_device"].sum() / programs[
+        "total_ms_per_device"].sum()
+    assert share < 0.75
+    (note,) = [n for n in eager.summary["notes"] if n.startswith("the step series is")]
+    assert f"{share:.0%} of the devices' program time" in note and "jit_matmul" in note
+    (v6e,) = _pick(shared_analyses, "tpu_v6e_4chip_jax_inference")
+    assert not [n for n in v6e.summary["notes"] if n.startswith("the step series is")]
 
 
 def test_cpu_advice_speaks_of_host_threads(shared_analyses: dict) -> None:
