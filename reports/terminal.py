@@ -162,8 +162,8 @@ def ops_table(ops: Any) -> Table | None:
         return None
     top = ops.sort_values("self_time_ms", ascending=False).head(TOP_OPS)
     table = Table(
-        title=f"Top {len(top)} ops by self time (of ops: share of all ops' time; roof: achieved share of the"
-        " roofline the op is bound by)",
+        title=f"Top {len(top)} ops by self time (of ops: share of the ops' time inside steps; roof: achieved "
+        "share of the roofline the op is bound by)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,

@@ -198,6 +198,23 @@ def test_eager_capture_says_steps_describe_one_program(shared_analyses: dict) ->
     assert not [n for n in v6e.summary["notes"] if n.startswith("the step series is")]
 
 
+def test_one_pause_between_calls_is_no_per_step_launch_cost(shared_analyses: dict) -> None:
+    """gpu_mi300x_jax08_attention: of its step cycle's idle, one 20.7 ms gap between two jit_matmul
+    calls (between the script's python calls, 16 us of ops in it) is most; the gain counts the idle
+    that recurs, the summary names the pause. The generated host-overhead run has no such pause."""
+    (a,) = _pick(shared_analyses, "gpu_mi300x_jax08_attention")
+    host = {f["rule"]: f for f in a.findings}["host-overhead"]
+    m = host["evidence"]["metrics"]
+    steps = a.steps[~a.steps["is_eval"]].sort_values("start_ps")
+    gaps = (steps["start_ps"].shift(-1) - (steps["start_ps"] + steps["duration_ps"])).dropna() / 1e9
+    assert 0.99 * gaps.max() <= m["one_off_gap_ms"] <= gaps.max()  # the gap less its few tiny ops
+    assert m["one_off_gap_ms"] > 0.5 * m["idle_ms_per_step"] * len(steps)
+    assert m["recurring_idle_ms_per_step"] == pytest.approx(  # metrics carry 6 decimals
+        m["idle_ms_per_step"] - m["one_off_gap_ms"] / len(steps), abs=1e-5)
+    assert host["estimated_gain"]["own_ms"] == pytest.approx(m["recurring_idle_ms_per_step"], rel=1e-3)
+    assert "one pause between two steps" in host["evidence"]["summary"]
+
+
 def test_cpu_advice_speaks_of_host_threads(shared_analyses: dict) -> None:
     for a in _pick(shared_analyses, "jax_cpu"):
         platform = advice_platform(a.summary["identity"])
