@@ -50,3 +50,40 @@ def test_unknown_verb_exits_2() -> None:
     )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
+
+
+def test_a_bug_is_one_line_and_exit_70(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """An unexpected exception (a bug in a rule's SQL, say) is no traceback either: one line that says
+    it is the tool's fault, exit status 70; TPUANALYZE_DEBUG=1 lets the traceback through."""
+    @click.command()
+    def probe() -> None:
+        raise ValueError("Binder Error: Cannot mix aggregates\nwith non-aggregated columns!")
+
+    monkeypatch.delenv("TPUANALYZE_DEBUG", raising=False)
+    assert _run_with(probe, monkeypatch) == cli_module.INTERNAL_ERROR == 70
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tpuanalyze: internal error: ValueError: Binder Error")
+    assert "TPUANALYZE_DEBUG=1" in err and "Traceback" not in err
+    monkeypatch.setenv("TPUANALYZE_DEBUG", "1")
+    monkeypatch.setitem(cli_module.cli.commands, "probe", probe)
+    with pytest.raises(ValueError):
+        cli_module.main(["probe"])
+
+
+def test_bad_thresholds_are_the_files_fault_before_any_query(tmp_path) -> None:  # noqa: ANN001
+    """A thresholds file with a pattern DuckDB cannot compile, or a value of the wrong kind, is bad input:
+    one line naming the file and the key, exit 2, before the analysis (it used to fail mid-analysis as
+    an attribution stage's error)."""
+    from conftest import SAMPLE_TRACES
+
+    run = str(SAMPLE_TRACES / "jax_cpu" / "single_jit_train")
+    for text, reason in (("[patterns]\ndispatch = '(unclosed'\n", "patterns.dispatch is not a valid regular"),
+                         ("[host_overhead]\nmedium = 'high'\n", "host_overhead.medium must be a number"),
+                         ("[warmup]\nkeep = 1\n", "warmup.keep must be true or false")):
+        bad = tmp_path / "t.toml"
+        bad.write_text(text)
+        proc = subprocess.run([sys.executable, "-m", "tpuanalyze.cli", "report", run, "--thresholds",
+                               str(bad)], capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("tpuanalyze: error:")]
+        assert line.startswith(f"tpuanalyze: error: {bad}: thresholds") and reason in line, line

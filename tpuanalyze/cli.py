@@ -9,6 +9,7 @@ for them (importing every verb up front cost ~50 MB of peak memory and 0.5 s per
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -61,6 +62,7 @@ class _Terminated(BaseException):
     databases and report folders, the open transaction) before the process exits."""
 
 
+INTERNAL_ERROR = 70  # exit status of an unexpected exception (sysexits.h EX_SOFTWARE)
 _SIGTERM_RECEIVED = threading.Event()
 _SIGINT_RECEIVED = threading.Event()
 
@@ -92,7 +94,8 @@ def _interrupted(exc: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: bad input becomes one line on stderr and exit status 2; Ctrl-C exits 130 and
-    SIGTERM 143, both without a traceback and after cleaning up."""
+    SIGTERM 143, both without a traceback and after cleaning up; an unexpected exception (a bug) is one
+    line too, exit status 70 (its traceback with TPUANALYZE_DEBUG=1)."""
     database = sys.modules.get("tpuanalyze.store.database")
     if database is not None:  # a --wait of an earlier in-process call does not carry over
         database.set_wait_seconds(None)
@@ -123,9 +126,15 @@ def main(argv: list[str] | None = None) -> None:
     except _Terminated:
         _exit_interrupted()
     except BaseException as exc:
-        if not (_interrupted(exc) or _signalled()):
+        if _interrupted(exc) or _signalled():
+            _exit_interrupted()
+        if isinstance(exc, (SystemExit, GeneratorExit)) or os.environ.get("TPUANALYZE_DEBUG"):
             raise
-        _exit_interrupted()
+        # a bug, not the input's fault: one line all the same, and a distinct status (sysexits'
+        # EX_SOFTWARE) so scripts tell it from bad input (2) and from compare's regression (1)
+        click.echo(f"tpuanalyze: internal error: {type(exc).__name__}: {_one_line(str(exc))} (a bug in "
+                   f"tpuanalyze, not in the input: TPUANALYZE_DEBUG=1 shows the traceback)", err=True)
+        sys.exit(INTERNAL_ERROR)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
