@@ -15,6 +15,8 @@ import duckdb
 from tpuanalyze.analyzer.classify import classified_sql, op_category_sql, sql_literal
 from tpuanalyze.analyzer.sweep import numpy_elementary, sweep_in_sql
 
+from tpuanalyze.errors import TpuAnalyzeError
+
 SQL_PATH = Path(__file__).with_name("attribution.sql")
 _STAGE_RE = re.compile(r"^-- stage: (\w+)\s*$", re.MULTILINE)
 
@@ -95,6 +97,19 @@ def stage_without_sql(con: duckdb.DuckDBPyConnection, name: str, relation: dict[
     return True
 
 
+def stage_error(stage: str, exc: duckdb.Error) -> Exception:
+    """The exception for a failed attribution stage: the data's fault (files the database reads are
+    missing or damaged: a moved or truncated Parquet dataset) or the machine's (out of memory) is a
+    TpuAnalyzeError, one line for the user; anything else is a bug in the stage's SQL."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
+        return TpuAnalyzeError(f"cannot read the run's events (a Parquet dataset the database reads moved "
+                               f"or damaged?): {first}")
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        return TpuAnalyzeError(f"out of memory in attribution stage {stage}: {first}")
+    return RuntimeError(f"attribution stage {stage} failed: {exc}")
+
+
 def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
                     prefix: str = "ta_") -> dict[str, str]:
     """Create TEMP tables ``<prefix><stage>`` for one run; return stage name -> table name."""
@@ -113,7 +128,7 @@ def materialize_run(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[st
             if not stage_without_sql(con, name, relation, table):
                 con.execute(f"CREATE OR REPLACE TEMP {kind} {table} AS {sql}").fetchall()
         except duckdb.Error as exc:
-            raise RuntimeError(f"attribution stage {name} failed: {exc}") from exc
+            raise stage_error(name, exc) from exc
         relation[name] = table
         if name == "att_runs":
             flags = run_flags(con, table)

@@ -43,6 +43,7 @@ from tpuanalyze.analyzer.attribution import (
     chrome_json_run,
     load_stages,
     run_flags,
+    stage_error,
     stage_without_sql,
 )
 from tpuanalyze.analyzer.classify import sql_literal
@@ -251,7 +252,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         try:
             cur.execute(f"CREATE OR REPLACE {kind} {table} AS {text}")
         except duckdb.Error as exc:
-            raise RuntimeError(f"attribution stage {stage} failed: {exc}") from exc
+            raise stage_error(stage, exc) from exc
 
     def part(name: str, i: int) -> str:  # batch i's rows of a run-wide relation
         return f"{shared}b{i}_{name}"
@@ -282,7 +283,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         try:
             return kinds.narrow(subs(relation, host), sql("att_ops", relation, host), flags, local, cur)[1]
         except duckdb.Error as exc:
-            raise RuntimeError(f"attribution stage att_ops failed: {exc}") from exc
+            raise stage_error("att_ops", exc) from exc
 
     # pass 2: the run's program executions (the dominant program is the run's)
     def pass2(cur: duckdb.DuckDBPyConnection, i: int) -> None:
@@ -339,7 +340,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             if on_batch is not None:
                 on_batch(cur, f"({op_steps_select(rows_table, kinds.table)})", i, rel["step_breakdown"])
         except duckdb.Error as exc:
-            raise RuntimeError(f"attribution stage op_steps failed: {exc}") from exc
+            raise stage_error("op_steps", exc) from exc
         for name in stages:
             kind = "VIEW" if name == "att_programs" else LOCAL_KIND.get(name, "TABLE")
             cur.execute(f"DROP {kind} IF EXISTS {local}{name}")

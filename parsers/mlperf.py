@@ -154,7 +154,9 @@ def parse_line(line: str) -> LogEntry | None:
         record = _loads(match.group(1))
         if not isinstance(record, dict) or "key" not in record:
             raise ValueError("MLLOG record without a key")
-        time_ms = _time(record.get("time_ms") or 0.0, "time_ms")
+        if record.get("time_ms") is None:  # not the epoch: a run "started" in 1970 spans 56 years
+            raise ValueError("MLLOG record without time_ms")
+        time_ms = _time(record["time_ms"], "time_ms")
         return LogEntry(time_ms, str(record["key"]), record.get("value"), _metadata(record.get("metadata")))
     match = _MLL.search(line)
     if match:

@@ -235,13 +235,15 @@ def step_time_heatmap(steps: pd.DataFrame) -> alt.Chart | None:
         cells = per_core.loc[idx].assign(row=lambda d: d["host"]).reset_index(drop=True)
         row_title = "host (its core with most own time)"
     cells = cells[["row", "core", "step", *metrics]].copy()
+    if cells.empty:  # no step has a number (all NULL: too large for BIGINT in the trace): no heatmap
+        return None
     # Color = distance from the median cell of the metric (computed by Vega: no extra data inlined), on
     # a scale at least HEATMAP_MIN_SPAN of the median step wide: a healthy pod (every core within 0.5%)
     # stays near the neutral middle.
     span = HEATMAP_MIN_SPAN * float(cells["step_ms"].median() or 0.0)
     for m in metrics:
         span = max(span, float((cells[m] - cells[m].median()).abs().max() or 0.0))
-    span = span or 1.0
+    span = span if math.isfinite(span) and span > 0 else 1.0  # NaN is truthy: `or` would keep it
     cells[metrics] = cells[metrics].round(4)  # 0.1 us: finer than any color step or tooltip digit
     n_rows = cells["row"].nunique()
     row_order = natural_sorted(cells["row"].unique())

@@ -12,6 +12,7 @@ from rich.table import Table
 from tpuanalyze.analyzer.compare import RunComparison, check_comparable, compare_runs
 from tpuanalyze.reports.cmd_mlperf import wide_console
 from tpuanalyze.reports.options import wait_option
+from tpuanalyze.reports.output import check_output_paths, write_output
 
 from tpuanalyze.errors import TpuAnalyzeError
 from tpuanalyze.pipeline.runs import RunLoader
@@ -86,6 +87,7 @@ def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None,
     """  # noqa: E501 (example lines are shown as they are typed)
     if len(runs) != 2:
         raise TpuAnalyzeError(f"compare takes exactly 2 runs (A B), got {len(runs)}")
+    check_output_paths(json_path)
     a, b = runs
     if fail_pct is not None and fail_pct < 0:
         raise TpuAnalyzeError("--fail-if-slower takes a percentage >= 0")
@@ -107,7 +109,8 @@ def command(runs: tuple[str, ...], db_path: Path | None, fail_pct: float | None,
     if json_path is not None:
         from tpuanalyze.analyzer.api import json_header
 
-        json_path.write_text(json.dumps({**json_header(), **comparison.to_json()}, indent=2, default=str))
+        write_output(json_path, json.dumps({**json_header(), **comparison.to_json()}, indent=2, default=str),
+                     "JSON")
     if per_chip and comparison.slower_per_chip_pct is None:
         raise TpuAnalyzeError("--per-chip: the chip count of A or B is unknown")
     slower = comparison.slower_per_chip_pct if per_chip else comparison.slower_pct

@@ -9,6 +9,8 @@ import click
 from tpuanalyze.generator import MODELS, SCENARIOS, generate
 from tpuanalyze.reports.progress import progress_bar
 
+from tpuanalyze.errors import TpuAnalyzeError
+
 
 @click.command(name="generate")
 @click.option("--model", required=True, help=f"MLPerf model: {', '.join(MODELS)}.")
@@ -51,9 +53,13 @@ def command(
             bar.set_total(total)
             bar.advance(1)
 
-        run_dir = generate(
-            model, chips, steps=steps, hosts=hosts, scenario=scenario, seed=seed, out=out, progress=report
-        )
+        try:
+            run_dir = generate(
+                model, chips, steps=steps, hosts=hosts, scenario=scenario, seed=seed, out=out, progress=report
+            )
+        except OSError as exc:  # the output folder cannot be made or written (permissions, disk full)
+            raise TpuAnalyzeError(f"cannot write the generated run: {exc.strerror or exc}",
+                                  str(exc.filename or out)) from exc
     truth = json.loads((run_dir / "ground_truth.json").read_text())
     shares = ", ".join(f"{k} {v:.1%}" for k, v in truth["breakdown"].items() if v >= 0.005)
     click.echo(

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from tpuanalyze.analyzer.mlperf_summary import summarize_db
 from tpuanalyze.reports.options import wait_option
+from tpuanalyze.reports.output import check_output_paths, write_output
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -98,6 +99,7 @@ def command(paths: tuple[Path, ...], db_path: Path | None, json_path: Path | Non
       tpuanalyze mlperf sample_traces/mlperf
       tpuanalyze mlperf sample_traces/mlperf --json mlperf.json
     """
+    check_output_paths(json_path)
     frames = []
     if paths:
         frames.append(summarize_paths(paths))
@@ -131,4 +133,4 @@ def command(paths: tuple[Path, ...], db_path: Path | None, json_path: Path | Non
                         {"version": v, "benchmark": b, "framework": f or None,
                          "time_to_train_s": {str(c): t for c, t in row.items() if not math.isnan(t)}}
                         for (v, b, f), row in pivot.iterrows()] if not pivot.empty else []}
-        json_path.write_text(json.dumps(document, indent=2, default=str))
+        write_output(json_path, json.dumps(document, indent=2, default=str), "JSON")

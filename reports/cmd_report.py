@@ -107,9 +107,11 @@ def analyse(
     show_progress: bool,
     xprof: bool = False,
     keep_warmup: bool = False,
+    source: str | None = None,
 ) -> tuple[list[Any], list[Any] | None]:
     """RunAnalysis of each selected run, read-only, with a progress bar; and their scaling series, if any.
-    With ``xprof``, XProf's numbers on the same files go into each summary (``xprof``)."""
+    With ``xprof``, XProf's numbers on the same files go into each summary (``xprof``). ``source``
+    names the input in errors when the database is a temporary one of the traces given."""
     import duckdb
     from tpuanalyze.analyzer.api import analyze_run, load_thresholds
 
@@ -129,14 +131,19 @@ def analyse(
             run_ids = [r for r in run_ids if formats.get(r) != "mlperf"]
         if not run_ids:
             raise TpuAnalyzeError(
-                "no trace runs to report (MLPerf logs: use `tpuanalyze mlperf`)", str(db_path)
+                "no trace runs to report (MLPerf logs: use `tpuanalyze mlperf`)", source or str(db_path)
             )
         analyses = []
         with progress.progress_bar(len(run_ids), "analysing", enabled=show_progress) as bar:
             names = dict(con.execute("SELECT run_id, name FROM runs").fetchall())
             for run_id in run_ids:
                 bar.advance(0, note=str(names.get(run_id, run_id)))
-                analyses.append(analyze_run(con, run_id, config))
+                try:
+                    analyses.append(analyze_run(con, run_id, config))
+                except TpuAnalyzeError as exc:  # the run's data unreadable: name the database
+                    if exc.path is not None:
+                        raise
+                    raise TpuAnalyzeError(exc.reason, source or str(db_path)) from exc
                 bar.advance(1)
         if xprof:
             from tpuanalyze.reports.xprof_side import attach
@@ -359,7 +366,8 @@ def command(
             if db_path is not None and thresholds is not None:
                 # ingest installed the default-threshold views; custom thresholds replace them
                 _install_views(db_path, thresholds)
-            analyses, series = analyse(target, run_ids, (), thresholds, show, with_xprof, keep_warmup)
+            analyses, series = analyse(target, run_ids, (), thresholds, show, with_xprof, keep_warmup,
+                                       source=", ".join(map(str, paths)))
         database_note = str(db_path) if db_path is not None else None
     emit_reports(analyses, json_path, html_path, quiet, show, database_note, series, show_sql)
 

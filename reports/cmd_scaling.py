@@ -15,7 +15,8 @@ from tpuanalyze.analyzer.compare import LoadedRun, check_comparable, step_catego
 from tpuanalyze.analyzer.scaling import CATEGORIES, ScalingAnalysis, analyze_scaling, link_traces_and_logs
 from tpuanalyze.reports.cmd_mlperf import wide_console
 from tpuanalyze.reports.options import wait_option
-from tpuanalyze.store.database import open_database
+from tpuanalyze.reports.output import check_output_paths, write_output
+from tpuanalyze.store.database import open_database, require_runs_table
 
 from tpuanalyze.errors import TpuAnalyzeError
 from tpuanalyze.pipeline.runs import RunLoader
@@ -305,6 +306,7 @@ def _db_trace_runs(db_path: Path) -> list[str]:
 
     con = open_database(db_path, read_only=True)
     try:
+        require_runs_table(con, db_path)
         return [str(r[0]) for r in con.execute(
             "SELECT run_id FROM runs WHERE source_format <> 'mlperf' ORDER BY run_id").fetchall()]
     finally:
@@ -337,6 +339,7 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
     """  # noqa: E501 (example lines are shown as they are typed)
     if db_path is not None and not db_path.exists():
         raise TpuAnalyzeError("no such database", str(db_path))
+    check_output_paths(json_path, html_path)
     overrides = _parse_overrides(chips)
     projections = parse_projections(project)
     mlperf_paths = [Path(p) for p in paths if _is_mlperf(Path(p))]
@@ -388,8 +391,8 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
         from tpuanalyze.analyzer.api import json_header
 
         document = {**json_header(), "series": [a.to_json() for a in analyses]}
-        json_path.write_text(json.dumps(document, indent=2, default=str))
+        write_output(json_path, json.dumps(document, indent=2, default=str), "JSON")
     if html_path is not None:
         from tpuanalyze.reports.scaling_charts import scaling_html
 
-        html_path.write_text(scaling_html(analyses), encoding="utf-8")
+        write_output(html_path, scaling_html(analyses), "HTML page")

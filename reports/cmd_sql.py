@@ -82,6 +82,8 @@ def run_query(db_path: str, query: str) -> tuple[list[str], list[tuple[Any, ...]
     try:
         ensure_views(con, query, db_path)
         cursor = con.execute(query)
+        if cursor is None:  # no statement at all: empty, blanks, ';' or only a comment
+            raise TpuAnalyzeError("empty query: no SQL statement to run", "sql")
         if cursor.description is None:
             return [], [], []
         names = [d[0] for d in cursor.description]

@@ -161,6 +161,15 @@ def _add_missing_columns(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
+def require_runs_table(con: duckdb.DuckDBPyConnection, db_path: str | Path) -> None:
+    """A database the verbs can read runs from: a DuckDB file without tpuanalyze's ``runs`` table (a
+    new file, someone else's) is the input's error, said before the first query that needs it."""
+    try:
+        con.execute("SELECT run_id, name, source_format FROM runs LIMIT 0").fetchall()
+    except duckdb.Error as exc:
+        raise TpuAnalyzeError("not a tpuanalyze database (no runs table)", str(db_path)) from exc
+
+
 def run_ids(con: duckdb.DuckDBPyConnection) -> list[int]:
     """All run ids in the database, ascending."""
     return [row[0] for row in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]

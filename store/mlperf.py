@@ -63,11 +63,18 @@ def _runs_row(folder: str, results: pa.Table, run_id: int) -> dict:
         "num_devices": int(first["cores"] or 0),
         "t0_ns": int(t0_ms * 1_000_000) if t0_ms is not None else None,
         "capture_start_ps": 0 if t0_ms is not None else None,
-        "capture_end_ps": int((max(stops) - t0_ms) * 1e9) if stops and t0_ms is not None else None,
+        "capture_end_ps": _span_ps(t0_ms, max(stops)) if stops and t0_ms is not None else None,
         "num_events": int(pc.sum(results.column("num_lines")).as_py() or 0),
         "ingested_at": datetime.now(timezone.utc).replace(tzinfo=None),
         "metadata": json.dumps(metadata),
     }
+
+
+def _span_ps(start_ms: float, stop_ms: float) -> int | None:
+    """Picoseconds from start to stop, or None past BIGINT (~106 days: result files of runs months
+    apart in one folder span more than a capture's clock can hold)."""
+    span = int((stop_ms - start_ms) * 1e9)
+    return span if span < 2**63 else None
 
 
 def _device_type(platform: str | None) -> str | None:

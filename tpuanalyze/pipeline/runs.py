@@ -12,7 +12,7 @@ import duckdb
 from tpuanalyze.analyzer.compare import LoadedRun, _looks_like_db, _lookup, run_facts
 from tpuanalyze.errors import TpuAnalyzeError
 from tpuanalyze.pipeline.ingest import ingest_paths
-from tpuanalyze.store.database import open_database
+from tpuanalyze.store.database import open_database, require_runs_table
 
 
 class RunLoader:
@@ -42,9 +42,15 @@ class RunLoader:
             if not db.exists():
                 raise TpuAnalyzeError("no such database", str(db))
             try:
-                self._connections[key] = open_database(key, read_only=True)
+                con = open_database(key, read_only=True)
             except duckdb.Error as exc:
                 raise TpuAnalyzeError(f"not a tpuanalyze database ({exc})", str(db)) from exc
+            try:
+                require_runs_table(con, db)
+            except TpuAnalyzeError:
+                con.close()
+                raise
+            self._connections[key] = con
         return self._connections[key]
 
     def _scratch(self) -> Path:
