@@ -64,6 +64,17 @@ def _override_for(spec: str, overrides: dict[str, int]) -> int | None:
     return None
 
 
+def _check_overrides_used(overrides: dict[str, int], specs: list[str], runs: list[LoadedRun]) -> None:
+    """Every --chips RUN=N names a run given (a typo would otherwise leave the trace's count in place)."""
+    for key in overrides:
+        if any(_override_for(spec, {key: 1}) for spec in specs):
+            continue
+        if any(key in (run.name, run.label) for run in runs):
+            continue
+        known = ", ".join(sorted({run.label for run in runs})[:6])
+        raise TpuAnalyzeError(f"--chips {key}=N names no run given (runs: {known})")
+
+
 def trace_series(runs: list[LoadedRun], overrides: dict[str, int], allow_mixed: bool = False) -> pd.DataFrame:
     """The scaling table of analyzed trace runs (one workload on one platform; chips from the trace or
     --chips). Runs of different workloads or platforms are refused unless ``allow_mixed``."""
@@ -364,6 +375,7 @@ def command(paths: tuple[str, ...], db_path: Path | None, chips: tuple[str, ...]
             runs: list[LoadedRun] = []
             for spec in trace_specs:
                 runs.extend(loader.load(spec, _override_for(spec, overrides)))
+            _check_overrides_used(overrides, trace_specs, runs)
             if len(runs) < 2 and not db_only and not mlperf_paths:
                 raise TpuAnalyzeError(f"scaling needs at least 2 runs, got {len(runs)}", trace_specs[0])
             # a whole database: one series per workload measured at 2+ chip counts

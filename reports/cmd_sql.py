@@ -73,11 +73,29 @@ def ensure_views(con: duckdb.DuckDBPyConnection, query: str, db_path: str) -> li
     return list(STAGE_NAMES)
 
 
+# Statement kinds that write outside the (read-only) database or change what the session can reach.
+_WRITING = {"COPY", "EXPORT", "ATTACH", "DETACH", "LOAD"}
+
+
+def _writing_statements(query: str) -> list[str]:
+    """The kinds of statement in ``query`` that would write files or load extensions (sorted)."""
+    try:
+        kinds = {s.type.name for s in duckdb.extract_statements(query)}
+    except duckdb.Error:  # a syntax error: the query itself reports it
+        return []
+    return sorted(kinds & _WRITING)
+
+
 def run_query(db_path: str, query: str) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
     """Column names, rows and DuckDB type names of a query (read-only); bad SQL -> TpuAnalyzeError.
 
     The attribution views the findings' evidence SQL uses are created as TEMP views when the
     database lacks them (see ensure_views)."""
+    writes = _writing_statements(query)
+    if writes:  # a read-only database still lets COPY ... TO, EXPORT and ATTACH write files elsewhere
+        raise TpuAnalyzeError(f"{'/'.join(writes)} would write files or load extensions: `tpuanalyze sql` "
+                              "only reads (save a result with --format csv and a redirect, or use DuckDB "
+                              "itself)", "sql")
     con = connect(db_path, read_only=True)
     try:
         ensure_views(con, query, db_path)

@@ -19,8 +19,8 @@ BASELINE = SAMPLE_TRACES / "generated" / "resnet50_v3-32_baseline"
 def _one_error(result, where: str, reason: str) -> None:  # noqa: ANN001 - conftest.CliResult
     assert result.returncode == 2, (result.returncode, result.stderr)
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("tpuanalyze: ")]
-    assert lines == [f"tpuanalyze: error: {where}: {reason}"] or (
-        len(lines) == 1 and lines[0].startswith(f"tpuanalyze: error: {where}: {reason}")), result.stderr
+    prefix = f"tpuanalyze: error: {where}: {reason}" if where else "tpuanalyze: error: "
+    assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
 
 
@@ -110,3 +110,28 @@ def test_html_of_steps_without_numbers(tmp_path: Path) -> None:
     result = run_cli("report", str(trace), "-q", "--html", str(html))
     assert result.returncode == 0, result.stderr
     assert html.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("query", ["COPY runs TO '{out}'", "EXPORT DATABASE '{dir}'",
+                                   "SELECT 1; COPY (SELECT 1) TO '{out}'", "ATTACH '{dir}/other.duckdb'",
+                                   "INSTALL httpfs"])
+def test_sql_only_reads(tmp_path: Path, query: str) -> None:
+    """The database is opened read-only, but DuckDB would still write a file for COPY ... TO or EXPORT
+    (and ATTACH, INSTALL reach beyond it): refused before anything runs, nothing written."""
+    db = tmp_path / "x.duckdb"
+    run = SAMPLE_TRACES / "jax_cpu" / "single_jit_train"
+    assert run_cli("ingest", str(run), "--db", str(db)).returncode == 0
+    out, folder = tmp_path / "out.csv", tmp_path / "export"
+    folder.mkdir()
+    result = run_cli("sql", "--db", str(db), query.format(out=out, dir=folder))
+    _one_error(result, "sql", "")
+    assert "would write files or load extensions" in result.stderr
+    assert not out.exists() and not any(folder.iterdir())
+    assert run_cli("sql", "--db", str(db), "SELECT count(*) FROM runs").returncode == 0
+
+
+def test_scaling_chips_override_must_name_a_run() -> None:
+    """`--chips RUN=N` with a name no run has is refused (a typo used to leave the trace's count)."""
+    result = run_cli("scaling", str(SAMPLE_TRACES / "scaling"), "--chips", "gnmt_61=64")
+    _one_error(result, "", "")  # no path: the option is wrong, not a file
+    assert "--chips gnmt_61=N names no run given" in result.stderr
