@@ -284,6 +284,10 @@ class _BadEvent(Exception):
     """An event's field that cannot be stored (raised inside the read loop, named by ``_read``)."""
 
 
+# microseconds whose nanoseconds no longer fit a signed 64-bit integer (the runs' and hosts' t0_ns)
+_MAX_US = 2**63 / 1000
+
+
 def _us(value: Any, field_name: str = "ts") -> float | None:
     """A ts/dur in microseconds: a JSON number (or numeric text, as some writers emit); None when
     absent; ``_BadEvent`` for anything else (booleans, lists, words, non-finite text)."""
@@ -302,6 +306,9 @@ def _us(value: Any, field_name: str = "ts") -> float | None:
         raise _BadEvent(f"{field_name} is not a number ({type(value).__name__})")
     if not math.isfinite(number):
         raise _BadEvent(f"{field_name} is not finite ({str(value)[:40]})")
+    if abs(number) >= _MAX_US:
+        raise _BadEvent(f"{field_name} {str(value)[:40]} us is beyond what a nanosecond clock holds "
+                        "(292 years)")
     return number
 
 

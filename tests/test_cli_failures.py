@@ -135,3 +135,14 @@ def test_scaling_chips_override_must_name_a_run() -> None:
     result = run_cli("scaling", str(SAMPLE_TRACES / "scaling"), "--chips", "gnmt_61=64")
     _one_error(result, "", "")  # no path: the option is wrong, not a file
     assert "--chips gnmt_61=N names no run given" in result.stderr
+
+
+def test_chrome_json_time_past_a_nanosecond_clock(tmp_path: Path) -> None:
+    """A ts of 2**70 us passes the 7-day window when it is the file's only event, but its t0 in ns does
+    not fit BIGINT: the file's own error (it used to fail at the database load, naming the database)."""
+    trace = tmp_path / "far.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1,
+                                                  "ts": 2**70, "dur": 1}]}))
+    _one_error(run_cli("report", str(trace), "-q"), str(trace), "traceEvents[0]")
+    assert "beyond what a nanosecond clock holds" in run_cli("ingest", str(trace), "--db",
+                                                            str(tmp_path / "x.duckdb")).stderr
