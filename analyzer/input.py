@@ -40,7 +40,9 @@ def input_frame(con: duckdb.DuckDBPyConnection, rel: dict[str, str]) -> pd.DataF
 def host_input_ctes(run_id: int, steps: str, pats: dict[str, Any]) -> str:
     """CTEs ``span`` (the steps' span, from the relation or FROM clause ``steps``) and ``hev``: per host
     and event name, the time of the run's host-plane events starting inside the span whose names match
-    the input or enqueue patterns (catalog §3.8), and whether the name is an enqueue.
+    the input or enqueue patterns (catalog §3.8), and whether the name is an enqueue. Python-tracer
+    frames (``$file:line function``, JAX's host_tracer_level 2) are left out: they nest, and a name
+    such as ``$<frozen os>:760 decode`` is no input decode.
 
     Why from ``event_rows`` and the plane and metadata tables, summed per metadata id before the names
     are read and matched, not each event through the ``events`` view: on a 512-host pod that was
@@ -58,8 +60,9 @@ def host_input_ctes(run_id: int, steps: str, pats: dict[str, Any]) -> str:
             f"                AND m.plane_index = i.plane_index AND m.metadata_id = i.metadata_id\n"
             f"               GROUP BY ALL),\n"
             f"hev AS (SELECT host, ps AS duration_ps, regexp_matches(lower(name), {enqueue}) AS enqueue\n"
-            f"        FROM host_names WHERE regexp_matches(lower(name), {host_input})\n"
-            f"                           OR regexp_matches(lower(name), {enqueue}))")
+            f"        FROM host_names WHERE NOT starts_with(name, '$')\n"
+            f"          AND (regexp_matches(lower(name), {host_input})\n"
+            f"               OR regexp_matches(lower(name), {enqueue})))")
 
 
 def host_input_work(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],

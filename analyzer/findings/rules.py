@@ -170,7 +170,8 @@ def host_input_processing(c: Ctx) -> list[dict]:
     steps = f"step_breakdown WHERE run_id = {c.run_id}"
     sql = (f"WITH {host_input_ctes(c.run_id, steps, c.t['patterns'])},\n"
            f"st AS (SELECT sum(input_ps) / sum(duration_ps) AS input_fraction_of_step,\n"
-           f"              sum(input_ps) / count(*) / 1e9 AS input_ms_per_step\n"
+           f"              sum(input_ps) / count(*) / 1e9 AS input_ms_per_step,\n"
+           f"              sum(input_ps) / 1e9 AS input_ms_total\n"
            f"       FROM step_breakdown WHERE run_id = {c.run_id} AND NOT is_eval),\n"
            f"h AS (SELECT sum(duration_ps) FILTER (WHERE NOT enqueue) / nullif(sum(duration_ps), 0)\n"
            f"               AS host_non_enqueue_share,\n"
@@ -179,10 +180,13 @@ def host_input_processing(c: Ctx) -> list[dict]:
            f"             coalesce(sum(duration_ps) FILTER (WHERE enqueue), 0) / 1e9 AS host_enqueue_ms\n"
            f"      FROM hev)\n"
            f"SELECT st.input_fraction_of_step, h.host_non_enqueue_share, h.host_processing_ms,\n"
-           f"       h.host_enqueue_ms, st.input_ms_per_step\nFROM st, h")
+           f"       h.host_enqueue_ms, st.input_ms_per_step, st.input_ms_total\nFROM st, h")
     m = c.query(sql)
     frac, share = m["input_fraction_of_step"], m["host_non_enqueue_share"]
     if frac is None or share is None or frac < th["min_input_fraction"] or share < th["non_enqueue_share"]:
+        return []
+    # a share of next to nothing is no diagnosis: the processing must be a real part of the wait
+    if _f(m["host_processing_ms"]) < th["min_processing_of_input"] * _f(m["input_ms_total"]):
         return []
     sev = "high" if frac >= th["high"] else "medium"
     return finding(
