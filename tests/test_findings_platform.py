@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pytest
-from conftest import run_cli
+from conftest import run_cli, sample_capture_paths
 from test_report_pipeline import generated_run, ingested
 from tpuanalyze.analyzer.api import analyze_db, install_views, report_json
 from tpuanalyze.analyzer.config import load_thresholds
@@ -387,3 +387,14 @@ def test_real_captures_gains_stay_within_the_time_outside_compute(shared_analyse
         assert total <= outside + 1e-3, (source, total, outside)
     (train_eval,) = _pick(shared_analyses, "pmap8_train_eval")
     assert len(train_eval.findings) >= 3
+
+
+def test_eval_between_steps_is_no_pause(sample_captures) -> None:  # noqa: ANN001 - conftest.CaptureSet
+    """The bundled pmap8_input_bound runs an eval program between two train steps: that gap is busy
+    (eval), not a one-off pause, so host-overhead keeps its whole cycle idle (a gap's idle is bounded by
+    the device's idle between steps)."""
+    run = next(p for p in sample_capture_paths() if "pmap8_input_bound" in str(p))
+    a = sample_captures.analysis(run)
+    assert a.summary["breakdown"]["eval"] > 0.2
+    m = {f["rule"]: f for f in a.findings}["host-overhead"]["evidence"]["metrics"]
+    assert m["one_off_gap_ms"] == 0 and m["recurring_idle_ms_per_step"] == m["idle_ms_per_step"]

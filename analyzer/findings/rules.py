@@ -433,8 +433,12 @@ def host_overhead(c: Ctx) -> list[dict]:  # catalog §3.7, §4: idle >= 3%
            f"              AND NOT o.is_container AND o.line <> 'Async XLA Ops'\n"
            f"              AND o.start_ps >= s.gap_start AND o.start_ps < s.gap_end\n"
            f"         WHERE s.gap_end > s.gap_start GROUP BY s.host, s.device_ordinal, s.gap_start),\n"
-           f"dev AS (SELECT d.*, CASE WHEN w.idle_ps > {th['one_off_gap_share']} * d.idle_in_cycle_ps\n"
-           f"                         THEN least(w.idle_ps, d.idle_in_cycle_ps) ELSE 0 END AS one_off_ps\n"
+           # a gap's idle is at most the device's idle between steps: eval spans between two steps are
+           # busy without ops in op_steps' gap rows, so the gap less its ops would overstate it
+           f"dev AS (SELECT d.*, CASE WHEN least(w.idle_ps, d.idle_in_cycle_ps - d.idle_in_steps_ps)\n"
+           f"                              > {th['one_off_gap_share']} * d.idle_in_cycle_ps\n"
+           f"                         THEN least(w.idle_ps, d.idle_in_cycle_ps - d.idle_in_steps_ps)\n"
+           f"                         ELSE 0 END AS one_off_ps\n"
            f"        FROM device_breakdown d\n"
            f"        LEFT JOIN (SELECT host, device_ordinal, max(idle_ps) AS idle_ps FROM gaps\n"
            f"                   GROUP BY ALL) w USING (host, device_ordinal)\n"
