@@ -194,14 +194,14 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
     steps = steps_frame(con, rel)
     per_core = per_core_frame(con, rel)
     per_host = per_host_frame(con, rel)
-    collectives = collectives_frame(con, rel, collective_partials,
-                                    keep_warmup=bool(config["warmup"].get("keep")))
+    keep_warmup = bool(config["warmup"].get("keep"))
+    collectives = collectives_frame(con, rel, collective_partials, keep_warmup=keep_warmup)
     inputs = input_frame(con, rel)
     ops = ops_frame(con, run_id, rel)
     peaks = device_peaks(con, run_id, run.get("device_type"))
     ops = add_roofline(ops, peaks)
     roof_programs = programs_roofline(ops, peaks)
-    step_ms = step_times_ms(con, rel, keep_warmup=bool(config["warmup"].get("keep")))
+    step_ms = step_times_ms(con, rel, keep_warmup=keep_warmup)
     hosts = con.execute("SELECT count(*) FROM hosts WHERE run_id = ?", [int(run_id)]).fetchone()[0]
     devices = int(per_core.shape[0]) if not per_core.empty else int(run.get("num_devices") or 0)
     bd = _breakdown_summary(per_core, per_host)

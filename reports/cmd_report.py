@@ -19,6 +19,7 @@ from typing import Any
 import click
 from tpuanalyze.reports import progress
 from tpuanalyze.reports.options import scheduler_option, wait_option, workers_option
+from tpuanalyze.reports.output import write_output
 from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
@@ -211,10 +212,7 @@ def _write_json(analyses: Sequence[Any], target: str, series: Sequence[Any] | No
     if target == "-":
         sys.stdout.write(text)
     else:
-        try:
-            Path(target).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise TpuAnalyzeError(f"cannot write the JSON report: {exc.strerror or exc}", target) from exc
+        write_output(target, text, "JSON report")
         click.echo(f"wrote {target} (JSON, {len(text.encode()):,} bytes)", err=True)
 
 

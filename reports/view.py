@@ -264,12 +264,9 @@ def breakdown_rows(
     across = summary.get("across_cores") or {}
     ms_by_category: dict[str, float] = {}
     if steps is not None and not steps.empty:
-        train = steps
+        train = train_steps(steps, warmup_kept(summary))
         if "is_eval" in steps.columns:
-            train = steps[~steps["is_eval"].fillna(False).astype(bool)]
             eval_steps = steps[steps["is_eval"].fillna(False).astype(bool)]
-            if "is_warmup" in train.columns and not warmup_kept(summary):
-                train = train[~train["is_warmup"].fillna(False).astype(bool)]
             if not eval_steps.empty:
                 ms_by_category["eval"] = float(eval_steps["duration_ps"].mean()) / 1e9
         for category in CATEGORIES:
@@ -320,6 +317,16 @@ def _idle_split(idle: BreakdownRow, per_core: pd.DataFrame | None) -> list[Break
         rows.append(BreakdownRow("idle", "outside the step cycle", outside, None,
                                  part_of="idle"))
     return rows
+
+
+def train_steps(steps: pd.DataFrame, keep_warmup: bool = False) -> pd.DataFrame:
+    """The train step rows the statistics use: eval steps out, warm-up steps out unless kept."""
+    train = steps
+    if "is_eval" in train.columns:
+        train = train[~train["is_eval"].fillna(False).astype(bool)]
+    if "is_warmup" in train.columns and not keep_warmup:
+        train = train[~train["is_warmup"].fillna(False).astype(bool)]
+    return train
 
 
 def warmup_kept(summary: dict) -> bool:
@@ -383,11 +390,7 @@ def per_core_step_ms(steps: pd.DataFrame | None, keep_warmup: bool = False) -> p
     """
     if steps is None or steps.empty:
         return pd.DataFrame()
-    train = steps
-    if "is_eval" in steps.columns:
-        train = steps[~steps["is_eval"].fillna(False).astype(bool)]
-    if "is_warmup" in train.columns and not keep_warmup:
-        train = train[~train["is_warmup"].fillna(False).astype(bool)]
+    train = train_steps(steps, keep_warmup)
     if train.empty:
         return pd.DataFrame()
     data = pd.DataFrame({"host": train["host"].astype(str), "device_ordinal": train["device_ordinal"]})
