@@ -70,6 +70,8 @@ def _substitutions(config: dict[str, Any], run_filter: str, relation: dict[str, 
         "warmup_compile_overlap": repr(float(warm["compile_overlap"])),
         "keep_warmup": "TRUE" if warm.get("keep") else "FALSE",
         "kineto_device_cats": "('Kernel', 'kernel', 'Memcpy', 'gpu_memcpy', 'Memset', 'gpu_memset')",
+        # the events the stages after att_ops read (a batch's events off the device op lines: batch_engine)
+        "events": "events",
     }
     subs.update(relation)
     # hosts: the (first, last) host names of a batch of consecutive hosts (analyzer/per_host.py)

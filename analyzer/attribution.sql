@@ -7,6 +7,8 @@
 -- its distinct ops: SQL from analyzer/classify.py), $pat_* (regex literals from analyzer/thresholds.toml),
 -- $e_host / $l_host (TRUE, or a predicate on a batch of hosts' events e / l when the stages run batch by batch)
 -- $att_programs_run (the run's program executions, all hosts: the dominant program is the run's),
+-- $events (the events the stages after att_ops read: the `events` view, or a batch's events off the
+-- device op lines, which no stage after att_ops reads: docs/attribution.md, "The batch engine"),
 -- $maybe_chrome_json (FALSE when the stages run for one run known not to come from Chrome-trace JSON, else
 -- TRUE) and $has_device_planes ... $is_kineto (att_runs' flags: the column r.<flag> of the joined att_runs row, or
 -- the literal TRUE/FALSE when the stages run for one run whose flags are known, so that DuckDB's
@@ -144,18 +146,18 @@ WITH modules AS (
     SELECT e.run_id, e.host, e.device_ordinal AS device,
            coalesce(nullif(e.hlo_module, ''), e.name) AS program, e.program_id,
            e.start_ps, e.start_ps + e.duration_ps AS end_ps, 'xla_modules' AS source
-    FROM events e JOIN $att_runs r USING (run_id)
+    FROM $events e JOIN $att_runs r USING (run_id)
     WHERE $run_filter AND $e_host AND $has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
       AND e.duration_ps > 0
 ), launched AS (
     SELECT o.run_id, o.host, o.device, o.hlo_module AS program, o.start_ps, o.duration_ps, l.start_ps AS launch_ps
     FROM $att_ops o JOIN $att_runs r USING (run_id)
-    JOIN events l ON l.run_id = o.run_id AND l.host = o.host AND l.correlation_id = o.correlation_id
+    JOIN $events l ON l.run_id = o.run_id AND l.host = o.host AND l.correlation_id = o.correlation_id
     WHERE $has_device_planes AND NOT $has_modules_line AND NOT $has_steps_line AND NOT $has_group_ids
       AND $l_host AND o.hlo_module IS NOT NULL AND o.correlation_id IS NOT NULL AND l.plane LIKE '/host:%'
 ), dispatch AS (
     SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
-    FROM events e
+    FROM $events e
     WHERE $run_filter AND $e_host AND e.plane LIKE '/host:%' AND e.duration_ps > 0
       AND e.run_id IN (SELECT run_id FROM launched)
       AND (regexp_matches(e.name, $pat_dispatch) OR e.name = 'GpuExecutable::ExecuteThunks')
@@ -190,7 +192,7 @@ WITH device_list AS (
            e.start_ps, e.start_ps + e.duration_ps AS end_ps,
            regexp_matches(lower(e.name), $pat_eval_program) AS named_eval, 'steps_line' AS step_source,
            CAST(NULL AS INTEGER) AS line_index, CAST(NULL AS VARCHAR) AS program
-    FROM events e JOIN $att_runs r USING (run_id)
+    FROM $events e JOIN $att_runs r USING (run_id)
     WHERE $run_filter AND $e_host AND $has_device_planes AND e.line = 'Steps' AND e.plane LIKE '/device:%'
       AND e.duration_ps > 0
 ), group_steps AS (
@@ -218,7 +220,7 @@ WITH device_list AS (
            e.start_ps, e.start_ps + e.duration_ps,
            regexp_matches(lower(e.name), $pat_eval_program), 'step_annotation', e.line_index,
            CAST(NULL AS VARCHAR)
-    FROM events e JOIN $att_runs r USING (run_id)
+    FROM $events e JOIN $att_runs r USING (run_id)
     JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
     WHERE $run_filter AND $e_host AND NOT $has_device_planes AND (e.plane LIKE '/host:%' OR $is_kineto)
       AND (e.step_num IS NOT NULL OR ($is_kineto AND regexp_matches(e.name, '^ProfilerStep#\d+$')))
@@ -242,7 +244,7 @@ WITH device_list AS (
     UNION ALL SELECT * FROM op_span
 ), compile_spans AS (
     SELECT e.run_id, e.host, e.start_ps, e.start_ps + e.duration_ps AS end_ps
-    FROM events e
+    FROM $events e
     WHERE $run_filter AND $e_host AND e.plane LIKE '/host:%' AND e.duration_ps > 0
       AND e.name ILIKE '%compil%'  -- cheap prefilter: every compile event name has it
       AND regexp_matches(lower(e.name), $pat_compile)
@@ -284,12 +286,12 @@ WITH device_list AS (
 SELECT run_id, host, device, start_ps, end_ps FROM $att_steps WHERE named_eval
 UNION ALL
 SELECT e.run_id, e.host, e.device_ordinal, e.start_ps, e.start_ps + e.duration_ps
-FROM events e JOIN $att_runs r USING (run_id)
+FROM $events e JOIN $att_runs r USING (run_id)
 WHERE $run_filter AND $e_host AND $has_device_planes AND e.line = 'XLA Modules' AND e.plane LIKE '/device:%'
   AND regexp_matches(lower(e.name), $pat_eval_program) AND e.duration_ps > 0
 UNION ALL
 SELECT e.run_id, e.host, d.device, e.start_ps, e.start_ps + e.duration_ps
-FROM events e JOIN $att_runs r USING (run_id)
+FROM $events e JOIN $att_runs r USING (run_id)
 JOIN device_list d ON d.run_id = e.run_id AND d.host = e.host
 WHERE $run_filter AND $e_host AND NOT $has_device_planes AND e.plane LIKE '/host:%'
   AND regexp_matches(lower(e.name), $pat_eval_annotation) AND e.duration_ps > 0;
@@ -302,7 +304,7 @@ WHERE $run_filter AND $e_host AND NOT $has_device_planes AND e.plane LIKE '/host
 SELECT s.run_id, s.host, s.device, s.start_ps, least(s.end_ps, min(e.start_ps)) AS end_ps
 FROM $att_steps s
 JOIN $att_runs r ON r.run_id = s.run_id
-JOIN events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.line_index
+JOIN $events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.line_index
              AND e.start_ps >= s.start_ps AND e.start_ps < s.end_ps
              AND regexp_matches(e.name, $pat_dispatch)
 -- (step annotations are steps of host-only runs only: att_steps' host_steps)
@@ -314,7 +316,7 @@ SELECT s.run_id, s.host, s.device, greatest(s.start_ps, e.start_ps),
        least(s.end_ps, e.start_ps + e.duration_ps)
 FROM $att_steps s
 JOIN $att_runs r ON r.run_id = s.run_id
-JOIN events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.line_index
+JOIN $events e ON e.run_id = s.run_id AND e.host = s.host AND e.line_index = s.line_index
              AND e.start_ps < s.end_ps AND e.start_ps + e.duration_ps > s.start_ps
              AND regexp_matches(lower(e.name), $pat_dataloader)
 WHERE s.step_source = 'step_annotation' AND NOT s.named_eval AND $e_host AND $is_kineto;

@@ -21,7 +21,9 @@ and are narrowed afterwards (small runs; same result).
 
 from __future__ import annotations
 
+import os
 import threading
+from typing import Any
 
 import duckdb
 from tpuanalyze.analyzer.classify import classified_sql
@@ -90,21 +92,23 @@ class OpKinds:
                 f"WHERE NOT EXISTS (SELECT 1 FROM {self.table} k WHERE {_same('k', 'n', KIND_COLUMNS)})")
 
     def narrow(self, subs: dict[str, str], stage_sql: str, flags: dict[str, bool] | None,
-               local: str, con: duckdb.DuckDBPyConnection | None = None) -> tuple[str, str]:
+               local: str, con: duckdb.DuckDBPyConnection | None = None) -> tuple[str, str, Any]:
         """Create the batch's narrow op rows (TEMP TABLE ``<local>op_rows``) and the ``att_ops`` view
         over them and the kinds (``<local>att_ops``) on ``con`` (default: the table's connection);
-        return (rows, view). ``subs`` are the batch's stage substitutions, ``stage_sql`` the stage's
+        return (rows, view, arrays): ``arrays`` the rows as ``op_arrays.OpArrays`` where the numpy form
+        made them, else None. ``subs`` are the batch's stage substitutions, ``stage_sql`` the stage's
         text for runs off the fast path."""
         con = self.con if con is None else con
         rows, view = f"{local}op_rows", f"{local}att_ops"
+        arrays = None
         if fast_path(flags):
-            self._narrow_device_ops(con, subs, local, rows)
+            arrays = self._narrow_device_ops(con, subs, local, rows)
         else:
             self._narrow_stage_rows(con, stage_sql, local, rows)
         cols = ", ".join(f"o.{c}" if c in ROW_COLUMNS else f"k.{c}" for c in ATT_OPS_COLUMNS)
         con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT {cols} "
                     f"FROM {rows} o JOIN {self.table} k USING (kind_id)")
-        return rows, view
+        return rows, view, arrays
 
     def _narrow_stage_rows(self, con: duckdb.DuckDBPyConnection, stage_sql: str, local: str,
                            rows: str) -> None:
@@ -120,16 +124,27 @@ class OpKinds:
             con.execute(f"DROP TABLE IF EXISTS {wide}")
 
     def _narrow_device_ops(self, con: duckdb.DuckDBPyConnection, subs: dict[str, str], local: str,
-                           rows: str) -> None:
-        """The device branch of stage att_ops from the base tables (module docstring)."""
+                           rows: str) -> Any:
+        """The device branch of stage att_ops from the base tables (module docstring): the per-op
+        joins in numpy (analyzer/op_arrays.py; its arrays returned), or all in SQL with
+        TPUANALYZE_OP_ROWS=sql (None returned)."""
+        if os.environ.get("TPUANALYZE_OP_ROWS", "").strip().lower() == "sql":
+            self._narrow_device_ops_sql(con, subs, local, rows)
+            return None
+        from tpuanalyze.analyzer.op_arrays import narrow_device_ops
+
+        return narrow_device_ops(self, con, subs, local, rows)
+
+    def _narrow_device_ops_sql(self, con: duckdb.DuckDBPyConnection, subs: dict[str, str], local: str,
+                               rows: str) -> None:
+        """The device branch of stage att_ops from the base tables, in SQL (the definition)."""
         lines, events = f"{local}op_lines", f"{local}op_events"
         keys, classes = f"{local}op_keys", f"{local}op_classes"
         run = subs["run_filter"]
         e_host, l_host = subs["e_host"], subs["l_host"]
 
-        def batch(table: str, alias: str) -> str:  # a base table's rows of the run and batch
-            return (f"(SELECT * FROM {table} {alias} WHERE {alias}.{run} "
-                    f"AND {e_host.replace('e.host', f'{alias}.host')})")
+        def batch(table: str, alias: str) -> str:
+            return batch_relation(subs, table, alias)
 
         # 1. the batch's op lines (a few per device), numbered: the events carry the number, not strings
         con.execute(f"""CREATE OR REPLACE TEMP TABLE {lines} AS
@@ -169,15 +184,7 @@ LEFT JOIN {batch('event_details', 'd')} d
  AND d.event_index = k.own_index""")
         # 4. each distinct combination of properties classified once (as the stage classifies its combos)
         properties = ("line", "full_name", *PROPERTY_COLUMNS)
-        con.execute(f"""CREATE OR REPLACE TEMP TABLE {classes} AS
-WITH combos AS (
-    SELECT DISTINCT {', '.join(properties)}, full_name AS name FROM {keys}
-), classified AS (
-    {classified_sql("combos", subs["op_category"])}
-)
-SELECT line, full_name, {', '.join(PROPERTY_COLUMNS)},
-       CASE WHEN category IN ('collectives', 'input') THEN name END AS name, {', '.join(CLASS_COLUMNS)}
-FROM classified""")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {classes} AS {classes_select(keys, subs)}")
         try:
             self._add(con, classes)
             # 5. the op rows keyed to their kinds; the async line only contributes collective spans
@@ -200,6 +207,28 @@ WHERE y.line <> 'Async XLA Ops' OR y.collective_kind IS NOT NULL""")
         finally:
             for table in (lines, events, keys, classes):
                 con.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+
+def batch_relation(subs: dict[str, str], table: str, alias: str) -> str:
+    """A base table's rows of the run and batch (``subs``: a batch's stage substitutions)."""
+    run, e_host = subs["run_filter"], subs["e_host"]
+    return (f"(SELECT * FROM {table} {alias} WHERE {alias}.{run} "
+            f"AND {e_host.replace('e.host', f'{alias}.host')})")
+
+
+def classes_select(keys: str, subs: dict[str, str]) -> str:
+    """The class of each distinct combination of an op key's line and properties (relation ``keys``:
+    line, full_name and PROPERTY_COLUMNS), classified once as the stage classifies its combos."""
+    properties = ("line", "full_name", *PROPERTY_COLUMNS)
+    return f"""WITH combos AS (
+    SELECT DISTINCT {', '.join(properties)}, full_name AS name FROM {keys}
+), classified AS (
+    {classified_sql("combos", subs["op_category"])}
+)
+SELECT line, full_name, {', '.join(PROPERTY_COLUMNS)},
+       CASE WHEN category IN ('collectives', 'input') THEN name END AS name, {', '.join(CLASS_COLUMNS)}
+FROM classified"""
 
 
 def op_steps_select(rows: str, kinds: str, where: str = "") -> str:

@@ -46,8 +46,18 @@ from tpuanalyze.analyzer.attribution import (
     stage_error,
     stage_without_sql,
 )
+from tpuanalyze.analyzer.batch_engine import (
+    ENGINE_STAGES,
+    collective_time,
+    engine_enabled,
+    off_op_line_events,
+    op_steps_rows,
+    outside_steps,
+    step_breakdown,
+    sweep_batch,
+)
 from tpuanalyze.analyzer.classify import sql_literal
-from tpuanalyze.analyzer.op_kinds import OP_STEPS_OWN, OpKinds, kind_of_op_steps, op_steps_select
+from tpuanalyze.analyzer.op_kinds import OP_STEPS_OWN, OpKinds, fast_path, kind_of_op_steps, op_steps_select
 from tpuanalyze.analyzer.sweep import OpSteps, sweep_in_sql
 
 # Stages whose per-host rows are kept for the run (TEMP tables); the rest live per host only.
@@ -224,13 +234,16 @@ def _op_rows(con: duckdb.DuckDBPyConnection, text: str, rows: str, kinds: str,
 
 def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
                          batches: list[tuple[str, str]], prefix: str = "ta_",
-                         on_batch: BatchHook | None = None, threads: int | None = None) -> dict[str, str]:
+                         on_batch: BatchHook | None = None, threads: int | None = None,
+                         programs_run: str | None = None) -> dict[str, str]:
     """Create the run's relations batch of hosts by batch (module docstring); return stage name ->
     relation name. ``on_batch``, when given, is called with each batch's op rows once they are made
     (the reduce side's partial aggregates, analyzer/batch_reduce.py). ``threads``: batches attributed
     at once (default ``batch_threads``: 2, or 1 where a host is larger than a batch). The connection
     must have the scratch database attached as ``ta_scratch``; the run-wide relations the batches read
-    live there (a cursor sees no other's TEMP)."""
+    live there (a cursor sees no other's TEMP). ``programs_run``: a relation of the run's program
+    executions (att_programs' columns, every host) for the dominant program, where the connection
+    holds only some of the run's hosts (a batch of a map worker, analyzer/batch_map.py)."""
     stages = dict(load_stages())
     run_filter = f"run_id = {int(run_id)}"
     local = f"{prefix}h_"  # one batch's relations (TEMP, on the batch's cursor), replaced batch after batch
@@ -278,10 +291,14 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
 
     kinds = OpKinds(con, f"{shared}op_kinds", temp=False)
 
-    def att_ops(cur: duckdb.DuckDBPyConnection, relation: dict[str, str], host: tuple[str, str]) -> str:
-        """The batch's att_ops: narrow op rows over the run's kinds (analyzer/op_kinds.py), as a view."""
+    def att_ops(cur: duckdb.DuckDBPyConnection, relation: dict[str, str],
+                host: tuple[str, str]) -> tuple[str, Any]:
+        """The batch's att_ops: narrow op rows over the run's kinds (analyzer/op_kinds.py), as a view,
+        and their arrays where the numpy form made them (else None)."""
         try:
-            return kinds.narrow(subs(relation, host), sql("att_ops", relation, host), flags, local, cur)[1]
+            _, view, arrays = kinds.narrow(subs(relation, host), sql("att_ops", relation, host), flags,
+                                           local, cur)
+            return view, arrays
         except duckdb.Error as exc:
             raise stage_error("att_ops", exc) from exc
 
@@ -289,7 +306,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     def pass2(cur: duckdb.DuckDBPyConnection, i: int) -> None:
         host = batches[i]
         if programs_need_ops:
-            ops = att_ops(cur, runs_rel, host)
+            ops = att_ops(cur, runs_rel, host)[0]
         else:
             ops = f"{local}att_ops_none"
             none = f"SELECT * FROM ({sql('att_ops', runs_rel, host)}) LIMIT 0"
@@ -309,7 +326,12 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
 
     def pass3(cur: duckdb.DuckDBPyConnection, i: int) -> None:
         host = batches[i]
-        rel = {**runs_rel, "att_programs_run": f"{shared}att_programs"}
+        rel = {**runs_rel, "att_programs_run": programs_run or f"{shared}att_programs"}
+        # the batch engine (analyzer/batch_engine.py) where the ops are accelerator op lines
+        engine = fast_path(flags) and engine_enabled() and not sweep_in_sql()
+        if engine:
+            rel["events"] = off_op_line_events(cur, subs(rel, host), f"{local}events")
+        ops = elem = None
         for name in stages:
             if name in ("att_runs", "op_steps"):
                 continue
@@ -318,12 +340,30 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
                 run(cur, "TEMP VIEW", table, f"SELECT * FROM {shared}att_programs WHERE host "
                     f"BETWEEN {sql_literal(host[0])} AND {sql_literal(host[1])}", name)
             elif name == "att_ops":
-                table = att_ops(cur, rel, host)
+                table, ops = att_ops(cur, rel, host)
+            elif engine and ops is not None and name in ENGINE_STAGES:
+                if name == "att_intervals":
+                    continue  # the sweep reads the op arrays and the spans themselves
+                if name == "att_elementary":
+                    elem = sweep_batch(cur, ops, kinds.table, rel)
+                    if elem is None:  # a span without a time: the stages' SQL for this batch
+                        engine = False
+                        run(cur, "TEMP VIEW", f"{local}att_intervals", sql("att_intervals", rel, host),
+                            "att_intervals")
+                        rel["att_intervals"] = f"{local}att_intervals"
+                        stage_without_sql(cur, name, rel, table)
+                    else:
+                        outside_steps(cur, elem, run_id, table)
+                elif name == "step_breakdown":
+                    step_breakdown(cur, elem, rel["att_steps"], table)
+                elif name == "collective_time":
+                    collective_time(cur, elem, run_id, table)
             elif not stage_without_sql(cur, name, rel, table):
                 run(cur, f"TEMP {LOCAL_KIND.get(name, 'TABLE')}", table, sql(name, rel, host), name)
             rel[name] = table
             if name in kept:
                 cur.execute(f"CREATE OR REPLACE TABLE {part(name, i)} AS SELECT * FROM {table}")
+        elem = None
         # the batch's op-boundary relations are read by no later stage: their memory goes to op_steps
         for name in FREED_BEFORE_OP_STEPS:
             cur.execute(f"DROP {LOCAL_KIND.get(name, 'TABLE')} IF EXISTS {local}{name}")
@@ -335,8 +375,16 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
                     cur.execute(f"CREATE TABLE {op_rows}_template AS SELECT * FROM "
                                 f"({kind_of_op_steps(text, kinds.table)}) LIMIT 0")
             cur.execute(f"CREATE OR REPLACE TABLE {rows_table} AS SELECT * FROM {op_rows}_template")
-            with _op_rows(cur, text, f"{local}op_rows", kinds.table, rel) as rows:
-                _append_op_rows(cur, rows_table, rows)
+            if engine and ops is not None:
+                arrow = f"{local}op_steps_arrow"
+                cur.register(arrow, op_steps_rows(cur, ops, rel["step_breakdown"]))
+                try:
+                    _append_op_rows(cur, rows_table, f"SELECT * FROM {arrow}")
+                finally:
+                    cur.unregister(arrow)
+            else:
+                with _op_rows(cur, text, f"{local}op_rows", kinds.table, rel) as rows:
+                    _append_op_rows(cur, rows_table, rows)
             if on_batch is not None:
                 on_batch(cur, f"({op_steps_select(rows_table, kinds.table)})", i, rel["step_breakdown"])
         except duckdb.Error as exc:
@@ -345,6 +393,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             kind = "VIEW" if name == "att_programs" else LOCAL_KIND.get(name, "TABLE")
             cur.execute(f"DROP {kind} IF EXISTS {local}{name}")
         cur.execute(f"DROP TABLE IF EXISTS {local}op_rows")
+        cur.execute(f"DROP TABLE IF EXISTS {local}events")
 
     in_threads(con, threads, len(batches), pass3)
     con.execute(f"DROP TABLE IF EXISTS {op_rows}_template")

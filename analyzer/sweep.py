@@ -99,10 +99,17 @@ def _sorted_points(con: duckdb.DuckDBPyConnection, iv: str) -> tuple[np.ndarray,
             f"AS ts, code FROM iv UNION ALL SELECT dev_id, end_ps, code + {_END} FROM iv) ORDER BY dev_id, ts"
         ).fetchnumpy()
         return (_np(points["dev_id"], np.int32), _np(points["ts"], np.int64), _np(points["code"], np.uint8))
-    dev = _np(fetched["dev_id"], np.int64)
-    code = _np(fetched["code"], np.uint8)
-    ts = np.concatenate([_np(fetched["start_ps"], np.int64), _np(fetched["end_ps"], np.int64)])
-    del fetched
+    return sort_points(_np(fetched["dev_id"], np.int64), _np(fetched["code"], np.uint8),
+                       _np(fetched["start_ps"], np.int64), _np(fetched["end_ps"], np.int64))
+
+
+def sort_points(dev: np.ndarray, code: np.ndarray, start: np.ndarray,
+                end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(device, time, code) of every start and end point of intervals (device ids, point codes,
+    starts, ends: no NULLs), sorted by device and time on one packed int64 key where they fit."""
+    dev = dev.astype(np.int64, copy=False)
+    code = code.astype(np.uint8, copy=False)
+    ts = np.concatenate([start.astype(np.int64, copy=False), end.astype(np.int64, copy=False)])
     dev = np.concatenate([dev, dev])
     code = np.concatenate([code, code + np.uint8(_END)])
     if not len(ts):

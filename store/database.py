@@ -114,6 +114,30 @@ def schema_sql() -> str:
     return resources.files("tpuanalyze.store").joinpath("schema.sql").read_text(encoding="utf-8")
 
 
+def table_ddl(table: str) -> str:
+    """The ``CREATE TABLE`` statement of one table of schema.sql (a map worker's database has the
+    ``runs`` table only: its other tables are a batch's rows, registered)."""
+    match = re.search(rf"CREATE TABLE IF NOT EXISTS {re.escape(table)} \(.*?\n\);", schema_sql(), re.DOTALL)
+    if match is None:
+        raise RuntimeError(f"schema.sql has no table {table}")
+    return match.group(0)
+
+
+_EVENTS_VIEW = re.compile(r"CREATE VIEW IF NOT EXISTS events AS\n(.*?);", re.DOTALL)
+
+
+def events_select(event_rows: str) -> str:
+    """The ``events`` view's SELECT (schema.sql) over the relation ``event_rows`` (a subquery with
+    event_rows' columns) instead of the whole table: the view's rows for some of the events."""
+    match = _EVENTS_VIEW.search(schema_sql())
+    if match is None:
+        raise RuntimeError("schema.sql has no events view")
+    text = re.sub(r"--[^\n]*", "", match.group(1))
+    if text.count("FROM event_rows r") != 1:
+        raise RuntimeError("the events view reads event_rows more than once")
+    return text.replace("FROM event_rows r", f"FROM {event_rows} r")
+
+
 def connect(db_path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) the database and make sure every public relation exists.
 

@@ -50,7 +50,7 @@ def _narrow_equals_stage(db: Path, run_ids: list[int]) -> dict[str, int]:
             paths = {"fast": flags, "stage": None} if fast_path(flags) else {"stage": flags}
             for path, path_flags in paths.items():
                 kinds = OpKinds(con, f"k_{path}")
-                _, view = kinds.narrow(subs, stage_sql, path_flags, f"n_{path}_")
+                _, view, _ = kinds.narrow(subs, stage_sql, path_flags, f"n_{path}_")
                 assert _types(con, view) == _types(con, rel["att_ops"]), (run_id, path)
                 assert _differences(con, view, rel["att_ops"]) == 0, (run_id, path)
                 n_kinds, distinct = con.execute(
