@@ -11,7 +11,7 @@ same numbers in detail (docs/attribution.md). The analysis reads the trace datab
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from tpuanalyze.analyzer.coverage import uncovered_notes
 from tpuanalyze.analyzer.findings import evaluate_findings
 from tpuanalyze.analyzer.identity import run_identity
 from tpuanalyze.analyzer.input import host_input_work, input_frame
+from tpuanalyze.analyzer.mapped import materialize_mapped
 from tpuanalyze.analyzer.notes import step_program_note, trace_notes
 from tpuanalyze.analyzer.ops import ops_frame
 from tpuanalyze.analyzer.per_host import host_batches, largest_batch_events, materialize_per_host
@@ -46,7 +47,8 @@ from tpuanalyze.store.database import open_database
 
 from tpuanalyze.errors import TpuAnalyzeError
 
-__all__ = ["RunAnalysis", "analyze_run", "analyze_db", "report_json", "install_views", "load_thresholds"]
+__all__ = ["RunAnalysis", "analyze_run", "analyze_mapped", "analyze_db", "report_json", "install_views",
+           "load_thresholds"]
 
 
 @dataclass
@@ -187,6 +189,22 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
         con.execute(f"SET enable_progress_bar = {'true' if progress else 'false'}")
 
 
+def analyze_mapped(con: duckdb.DuckDBPyConnection, run_id: int, results: Sequence[Any],
+                   thresholds: Mapping[str, Any] | str | Path | None = None) -> RunAnalysis:
+    """``analyze_run`` for a run whose batches of hosts were attributed where they were read
+    (analyzer/batch_map.py: the map workers' ``BatchResult`` of each, in batch order): the reduce
+    alone (analyzer/mapped.py), then the same analysis."""
+    config = load_thresholds(thresholds)
+    run = _run_row(con, run_id)
+    progress = con.execute("SELECT current_setting('enable_progress_bar')").fetchall()[0][0]
+    con.execute("SET enable_progress_bar = false")
+    try:
+        rel, collectives = materialize_mapped(con, run_id, results)
+        return _analyze(con, run_id, run, config, rel, collectives)
+    finally:
+        con.execute(f"SET enable_progress_bar = {'true' if progress else 'false'}")
+
+
 def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], config: dict[str, Any],
              rel: dict[str, str], collective_partials: CollectivePartials | None = None) -> RunAnalysis:
     """The run's analysis from its attribution relations (``rel``: stage -> relation, plus the
@@ -225,7 +243,7 @@ def _analyze(con: duckdb.DuckDBPyConnection, run_id: int, run: dict[str, Any], c
         "notes": (["an MLPerf result log, not a trace: nothing to attribute (see `tpuanalyze mlperf`)"]
                   if run.get("source_format") == "mlperf" else trace_notes(con, rel, steps)),
     }
-    summary["identity"] = run_identity(con, run_id, summary["device_type"], devices)
+    summary["identity"] = run_identity(con, run_id, summary["device_type"], devices, rel)
     analysis = RunAnalysis(summary=summary, steps=steps, per_core=per_core, per_host=per_host,
                            collectives=collectives, input=inputs, ops=ops, run_id=int(run_id),
                            roofline_programs=roof_programs)

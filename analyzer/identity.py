@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 import duckdb
+from tpuanalyze.analyzer.event_partials import partial
 
 _FINGERPRINT = re.compile(r"\s*\([0-9A-Fa-fx]+\)\s*$")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
@@ -112,7 +113,8 @@ def _platform(con: duckdb.DuckDBPyConnection, run_id: int, fallback_type: str | 
 
 # --- workload ------------------------------------------------------------------------------------------
 
-def _programs(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple[str, float, str]]:
+def _programs(con: duckdb.DuckDBPyConnection, run_id: int,
+              rel: dict[str, str] | None = None) -> list[tuple[str, float, str]]:
     """(program, device seconds, how known), most time first: XLA Modules executions, else op time."""
     # the module lines' events summed per metadata id first, then named: the metadata join over every
     # execution, and the join producing them, were 1.4 CPU s on a 512-host pod (0.4 this way)
@@ -131,9 +133,8 @@ def _programs(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple[str, fl
            GROUP BY 1""", {"run": int(run_id)}).fetchall()
     source = "XLA module executions"
     if not rows:
-        rows = con.execute(
-            "SELECT hlo_module, sum(duration_ps) / 1e12 FROM events WHERE run_id = ? "
-            "AND hlo_module IS NOT NULL AND hlo_module <> '' GROUP BY 1", [int(run_id)]).fetchall()
+        rows = con.execute(f"SELECT hlo_module, sum(ps) / 1e12 FROM {partial(rel, 'module_op_time', run_id)} "
+                           "GROUP BY 1").fetchall()
         source = "XLA ops' hlo_module"
     totals: dict[str, float] = {}
     for module, seconds in rows:
@@ -148,12 +149,12 @@ _GENERIC_SCOPES = {"gradients", "eval", "train", "train_step", "eval_step", "inp
                    "optimizer", "main", "while", "body", "cond", "transpose", "jvp", "vmap"}
 
 
-def _model_scope(con: duckdb.DuckDBPyConnection, run_id: int, program: str | None) -> str | None:
+def _model_scope(con: duckdb.DuckDBPyConnection, run_id: int, program: str | None,
+                 rel: dict[str, str] | None = None) -> str | None:
     """The most common model name scope of the program's framework ops (``resnet_model``, ``bert``): the
     first ``tf_op`` path component that is neither a JAX wrapper (``jit(f)``) nor a generic scope."""
-    rows = con.execute(
-        "SELECT tf_op, hlo_module, count(*) FROM event_metadata WHERE run_id = ? AND tf_op IS NOT NULL "
-        "AND tf_op <> '' GROUP BY ALL", [int(run_id)]).fetchall()
+    rows = con.execute(f"SELECT tf_op, hlo_module, sum(n) FROM {partial(rel, 'model_scopes', run_id)} "
+                       "GROUP BY ALL").fetchall()
     counts: dict[str, int] = {}
     for tf_op, module, n in rows:
         if program and module and program_name(module) != program:
@@ -167,14 +168,11 @@ def _model_scope(con: duckdb.DuckDBPyConnection, run_id: int, program: str | Non
     return max(sorted(counts), key=lambda k: counts[k]) if counts else None
 
 
-def _infeed(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int | None, str | None]:
+def _infeed(con: duckdb.DuckDBPyConnection, run_id: int,
+            rel: dict[str, str] | None = None) -> tuple[int | None, str | None]:
     """Leading dimension and per-example shape of the most executed infeed."""
-    rows = con.execute(  # infeed op metadata are few: count their executions, not every event's category
-        """WITH md AS (SELECT host, plane_index, metadata_id, coalesce(shape, name) AS text
-                       FROM event_metadata WHERE run_id = $run AND lower(hlo_category) = 'infeed')
-           SELECT md.text, count(*) AS n FROM event_rows r
-           JOIN md ON md.host = r.host AND md.plane_index = r.plane_index AND md.metadata_id = r.metadata_id
-           WHERE r.run_id = $run GROUP BY 1 ORDER BY n DESC, 1 LIMIT 1""", {"run": int(run_id)}).fetchall()
+    rows = con.execute(f"SELECT text, sum(n) AS n FROM {partial(rel, 'infeed_texts', run_id)} GROUP BY 1 "
+                       "ORDER BY n DESC, 1 LIMIT 1").fetchall()
     if not rows:
         return None, None
     text = str(rows[0][0])
@@ -221,11 +219,10 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     return value, pos
 
 
-def _replica_groups(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int | None, int | None]:
+def _replica_groups(con: duckdb.DuckDBPyConnection, run_id: int,
+                    rel: dict[str, str] | None = None) -> tuple[int | None, int | None]:
     """(devices the collectives span, largest all-reduce/reduce-scatter group) from the HLO text."""
-    rows = con.execute(
-        "SELECT DISTINCT name FROM event_metadata WHERE run_id = ? AND name LIKE '%replica_groups=%'",
-        [int(run_id)]).fetchall()
+    rows = con.execute(f"SELECT DISTINCT name FROM {partial(rel, 'replica_texts', run_id)}").fetchall()
     devices: int | None = None
     replicas: int | None = None
     for (text,) in rows:
@@ -251,7 +248,7 @@ def _replica_groups(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int | 
 
 
 def _devices(con: duckdb.DuckDBPyConnection, run_id: int, platform: dict[str, Any],
-             analysed_devices: int, notes: list[str]) -> dict[str, Any]:
+             analysed_devices: int, notes: list[str], rel: dict[str, str] | None = None) -> dict[str, Any]:
     hosts = int(con.execute("SELECT count(*) FROM hosts WHERE run_id = ?", [int(run_id)]).fetchone()[0])
     planes = con.execute(
         "SELECT host, num_events, json_extract_string(stats, '$.core_details') FROM planes "
@@ -272,7 +269,7 @@ def _devices(con: duckdb.DuckDBPyConnection, run_id: int, platform: dict[str, An
             per_chip = 2 if platform.get("generation") in ("v2", "v3") else 1
             notes.append(f"chips: no core_details on the TPU planes; {per_chip} core(s) per chip assumed "
                          f"from the generation")
-    job_devices, replicas = _replica_groups(con, run_id)
+    job_devices, replicas = _replica_groups(con, run_id, rel)
     chips = max(1, devices // per_chip) if devices else None
     job_chips = max(1, job_devices // per_chip) if job_devices else None
     if job_chips is not None and chips is not None and job_chips < chips:
@@ -297,17 +294,18 @@ def _devices(con: duckdb.DuckDBPyConnection, run_id: int, platform: dict[str, An
 
 
 def run_identity(con: duckdb.DuckDBPyConnection, run_id: int, fallback_device_type: str | None = None,
-                 analysed_devices: int = 0) -> dict[str, Any]:
-    """The ``identity`` object of a run's JSON summary (docs/json.md)."""
+                 analysed_devices: int = 0, rel: dict[str, str] | None = None) -> dict[str, Any]:
+    """The ``identity`` object of a run's JSON summary (docs/json.md). ``rel``: the run's relations,
+    with the map's partials of the event readers where it has them (analyzer/event_partials.py)."""
     notes: list[str] = []
     platform = _platform(con, run_id, fallback_device_type, notes)
-    programs = _programs(con, run_id)
+    programs = _programs(con, run_id, rel)
     program = programs[0][0] if programs else None
     if program is None:
         notes.append("workload: the trace names no XLA program")
-    scope = _model_scope(con, run_id, program)
-    per_core, example = _infeed(con, run_id)
-    devices = _devices(con, run_id, platform, analysed_devices, notes)
+    scope = _model_scope(con, run_id, program, rel)
+    per_core, example = _infeed(con, run_id, rel)
+    devices = _devices(con, run_id, platform, analysed_devices, notes, rel)
     replicas = devices["replicas"]
     if per_core is None:
         notes.append("batch: not stated (no infeed in the trace)")

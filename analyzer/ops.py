@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import duckdb
 import pandas as pd
+from tpuanalyze.analyzer.event_partials import partial
 
 
 def ops_partial_sql(run_id: int, op_rows: str) -> str:
@@ -62,8 +63,8 @@ def ops_frame(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str]) 
                     FROM g
                 ), total AS (SELECT sum(duration_ps) AS t FROM g),
                 src AS (
-                    SELECT display_name, any_value(source) AS source FROM event_metadata
-                    WHERE run_id = {int(run_id)} AND source IS NOT NULL GROUP BY display_name
+                    SELECT display_name, any_value(source) AS source
+                    FROM {partial(rel, 'op_sources', run_id)} GROUP BY display_name
                 )
                 SELECT short_name AS name, any_value(category) AS category, any_value(kind) AS kind,
                        any_value(hlo_category) AS hlo_category,

@@ -14,6 +14,7 @@ from typing import Any
 
 import duckdb
 from tpuanalyze.analyzer.classify import sql_literal
+from tpuanalyze.analyzer.event_partials import partial
 
 # TPU generations whose chips form a 3-D torus over ICI (v4, v5p); the others (v2, v3, v5e, v6e) a 2-D one
 TORUS_3D = {"v4", "v5p"}
@@ -32,8 +33,8 @@ def _training_evidence(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[st
     pattern = sql_literal(config["patterns"]["training"])
     row = con.execute(  # the pattern runs once per distinct name, not per event
         f"SELECT sum(n), first(name ORDER BY n DESC, name) FROM "
-        f"(SELECT name, count(*) AS n FROM events WHERE run_id = ? GROUP BY name)"
-        f" WHERE regexp_matches(name, {pattern})", [int(run_id)]).fetchone()
+        f"(SELECT name, sum(n) AS n FROM {partial(rel, 'event_names', run_id)} GROUP BY name)"
+        f" WHERE regexp_matches(name, {pattern})").fetchone()
     if row and row[0]:
         return (f"{row[0]:,} training events (gradients, backward, optimizer or train steps; "
                 f"e.g. {row[1][:60]})")

@@ -52,16 +52,20 @@ def _ingest(
     show_progress: bool,
     workers: int | None = None,
     scheduler: str | None = None,
-) -> list[int]:
+    analyze: dict[str, Any] | None = None,
+    store_op_events: bool = True,
+) -> Any:
+    """Ingest the traces; with ``analyze`` (the thresholds), their batches attributed in the map
+    (the summary's ``mapped``; close the summary when the report is done)."""
     from tpuanalyze.reports.options import map_executor
 
     from tpuanalyze.pipeline import ingest_paths
 
     with map_executor(scheduler, workers) as executor:  # the Dask cluster's, with --scheduler
-        summary = ingest_paths(
-            list(paths), db_path, progress=show_progress, workers=workers, executor=executor
+        return ingest_paths(
+            list(paths), db_path, progress=show_progress, workers=workers, executor=executor,
+            analyze=analyze, store_op_events=store_op_events,
         )
-    return list(summary.run_ids)
 
 
 def _install_views(db_path: Path, thresholds: Path | None) -> None:
@@ -109,17 +113,16 @@ def analyse(
     xprof: bool = False,
     keep_warmup: bool = False,
     source: str | None = None,
+    mapped: dict[int, list[Any]] | None = None,
 ) -> tuple[list[Any], list[Any] | None]:
     """RunAnalysis of each selected run, read-only, with a progress bar; and their scaling series, if any.
     With ``xprof``, XProf's numbers on the same files go into each summary (``xprof``). ``source``
-    names the input in errors when the database is a temporary one of the traces given."""
+    names the input in errors when the database is a temporary one of the traces given. ``mapped``:
+    run id -> its batches' results where the ingest attributed them in the map."""
     import duckdb
-    from tpuanalyze.analyzer.api import analyze_run, load_thresholds
+    from tpuanalyze.analyzer.api import analyze_mapped, analyze_run
 
-    config = load_thresholds(thresholds) if thresholds is not None else None
-    if keep_warmup:  # warm-up steps stay in the step statistics (docs/attribution.md)
-        config = config or load_thresholds()
-        config["warmup"]["keep"] = True
+    config = analysis_config(thresholds, keep_warmup)
     try:
         con = open_database(db_path, read_only=True)
     except duckdb.Error as exc:
@@ -140,7 +143,10 @@ def analyse(
             for run_id in run_ids:
                 bar.advance(0, note=str(names.get(run_id, run_id)))
                 try:
-                    analyses.append(analyze_run(con, run_id, config))
+                    if mapped and run_id in mapped:
+                        analyses.append(analyze_mapped(con, run_id, mapped[run_id], config))
+                    else:
+                        analyses.append(analyze_run(con, run_id, config))
                 except TpuAnalyzeError as exc:  # the run's data unreadable: name the database
                     if exc.path is not None:
                         raise
@@ -157,6 +163,17 @@ def analyse(
         return analyses, series
     finally:
         con.close()
+
+
+def analysis_config(thresholds: Path | None, keep_warmup: bool) -> dict[str, Any] | None:
+    """The analyzer's thresholds (None: the defaults), warm-up kept in the statistics if asked."""
+    from tpuanalyze.analyzer.api import load_thresholds
+
+    config = load_thresholds(thresholds) if thresholds is not None else None
+    if keep_warmup:  # warm-up steps stay in the step statistics (docs/attribution.md)
+        config = config or load_thresholds()
+        config["warmup"]["keep"] = True
+    return config
 
 
 def scaling_series(con: Any, run_ids: Sequence[int], analyses: list[Any]) -> list[Any] | None:
@@ -360,12 +377,21 @@ def command(
             raise TpuAnalyzeError("--run selects runs of a database PATH; trace PATHs are all reported")
         with tempfile.TemporaryDirectory(prefix="tpuanalyze-report-") as tmp:
             target = db_path if db_path is not None else Path(tmp) / "report.duckdb"
-            run_ids = _ingest(paths, target, show, workers, scheduler)
-            if db_path is not None and thresholds is not None:
-                # ingest installed the default-threshold views; custom thresholds replace them
-                _install_views(db_path, thresholds)
-            analyses, series = analyse(target, run_ids, (), thresholds, show, with_xprof, keep_warmup,
-                                       source=", ".join(map(str, paths)))
+            from tpuanalyze.analyzer.config import load_thresholds
+
+            config = analysis_config(thresholds, keep_warmup) or load_thresholds()
+            # a temporary database need not hold the device op events: the map's results have them
+            summary = _ingest(paths, target, show, workers, scheduler, analyze=config,
+                              store_op_events=db_path is not None)
+            try:
+                if db_path is not None and thresholds is not None:
+                    # ingest installed the default-threshold views; custom thresholds replace them
+                    _install_views(db_path, thresholds)
+                analyses, series = analyse(target, list(summary.run_ids), (), thresholds, show, with_xprof,
+                                           keep_warmup, source=", ".join(map(str, paths)),
+                                           mapped=summary.mapped)
+            finally:
+                summary.close()
         database_note = str(db_path) if db_path is not None else None
     emit_reports(analyses, json_path, html_path, quiet, show, database_note, series, show_sql)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -33,10 +33,13 @@ from tpuanalyze.pipeline.tasks import (
     HostInput,
     Loaded,
     LoadTask,
+    Mapped,
+    MapTask,
     Probe,
     forget_kept,
     load_direct,
     load_host,
+    map_hosts,
     probe_host,
 )
 from tpuanalyze.pipeline.views import install_default_views, seed_new_database
@@ -80,6 +83,16 @@ class IngestSummary:
     run_notes: list[str] = field(default_factory=list)  # the runs' own notes, each naming its run
     workers: int = 1  # processes the map ran in (1: the calling process)
     parquet: str | None = None  # the Parquet dataset holding the events, if any
+    # with ``analyze``: run id -> its batches' results (analyzer/batch_map.py), for the runs attributed
+    # where they were read; the staging folder holding their op rows stays until ``close``
+    mapped: dict[int, list] = field(default_factory=dict)
+    staging: str | None = None
+
+    def close(self) -> None:
+        """Remove what an ``analyze`` ingest kept for the report (the batches' op rows)."""
+        if self.staging is not None:
+            remove_tree(self.staging)
+            self.staging = None
 
 
 def ingest_paths(
@@ -89,6 +102,8 @@ def ingest_paths(
     workers: int | None = None,
     executor: Executor | None = None,
     parquet: str | Path | None = None,
+    analyze: dict[str, Any] | None = None,
+    store_op_events: bool = True,
 ) -> IngestSummary:
     """Ingest the runs the paths name into ``db_path``; re-ingesting a source path replaces its run.
 
@@ -96,6 +111,11 @@ def ingest_paths(
     process alone for small inputs); ``executor``: run the map there instead (any
     ``concurrent.futures.Executor``, e.g. a Dask client's). ``parquet``: keep the event rows as a
     Parquet dataset in that folder (hive layout), read by the database through views.
+    ``analyze``: the analyzer's thresholds: each load task also attributes its hosts where it read
+    them (analyzer/batch_map.py); the results are ``summary.mapped`` (call ``summary.close()`` when
+    the report is done). ``store_op_events`` False (with ``analyze``): the events of device op lines of
+    the runs attributed in the map are not stored (a report's temporary database: the analysis has
+    their op rows and partials from the map).
     """
     started = time.perf_counter()
     if not paths:
@@ -119,7 +139,8 @@ def ingest_paths(
     else:
         summary.workers = 0  # unknown: the caller's executor
     staging = _staging_dir(db_path, dataset)
-    direct = own_executor and summary.workers == 1 and dataset is None and direct_load()
+    direct = own_executor and summary.workers == 1 and dataset is None and direct_load() and analyze is None
+    keep_staging = False
     try:
         with IngestProgress(progress) as bar:
             probes = _probe_all(executor, flat, bar)
@@ -132,7 +153,12 @@ def ingest_paths(
                 return _load_all(executor, hosts, per_run, t0s, staging, dataset is not None, bar, compiled,
                                  summary.workers)
 
-            loaded = None if direct else load_parts()
+            mapped_results: list[list | None] = []
+            if analyze is not None and dataset is None:
+                loaded, mapped_results = _map_all(executor, sources, hosts, per_run, t0s, staging, bar,
+                                                  compiled, summary.workers, analyze, store_op_events)
+            else:
+                loaded = None if direct else load_parts()
             runs = [
                 RunToStore(
                     name=s.name,
@@ -152,6 +178,10 @@ def ingest_paths(
             if direct:
                 bar.phase("loading", len(flat))
             _commit(db_path, runs, mlperf, parquet, dataset, summary, load_parts if direct else None)
+            for run_id, results in zip(summary.run_ids, mapped_results, strict=False):
+                if results is not None:
+                    summary.mapped[run_id] = results
+            keep_staging = bool(summary.mapped)
         summary.notes.extend(dict.fromkeys(worker_notes))
     except BaseException as exc:
         if own_executor and not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: stop the workers now
@@ -161,7 +191,10 @@ def ingest_paths(
         if own_executor:
             executor.shutdown(wait=True, cancel_futures=True)
         forget_kept()
-        remove_tree(staging)
+        if keep_staging:
+            summary.staging = str(staging)
+        else:
+            remove_tree(staging)
     summary.runs = len(sources) + summary.mlperf_runs
     summary.hosts = len(flat)
     summary.notes = inputs.notes + summary.run_notes + summary.notes
@@ -445,6 +478,94 @@ def _load_all(
         out.append(results[start : start + count])
         start += count
     return out
+
+
+def _map_all(
+    executor: Executor,
+    sources: list[RunSource],
+    hosts: list[list[HostInput]],
+    probes: list[list[Probe]],
+    t0s: list[int | None],
+    staging: Path,
+    bar: IngestProgress,
+    compiled: bool,
+    workers: int,
+    config: dict[str, Any],
+    store_op_events: bool = True,
+) -> tuple[list[list[Mapped]], list[list | None]]:
+    """Round 2 with the analysis: each load task also attributes its hosts (``map_hosts``). Then, per
+    run, the batches' guesses of the run's flags and dominant program are checked (analyzer/
+    batch_map.py): batches whose dominant program was not the run's are attributed again with the
+    run's programs; a run whose batches' flags differ gets no results (the report attributes it from
+    the database). Returns each run's tasks' results and each run's batch results (or None)."""
+    tasks: list[MapTask] = []
+    per_run: list[int] = []
+    cap = _group_cap(probes, workers)
+    for run_index, (source, run_hosts, run_probes, t0) in enumerate(
+            zip(sources, hosts, probes, t0s, strict=True)):
+        run_staging = str(staging / f"run-{run_index}")
+        groups = _load_groups(run_probes, run_hosts, cap)
+        for index, group in enumerate(groups):
+            load = LoadTask(tuple(run_hosts[i] for i in group), t0, run_staging, False, compiled=compiled)
+            tasks.append(MapTask(load, config, index, source.source_format,
+                                 store_op_events=store_op_events or source.source_format != "xspace"))
+        per_run.append(len(groups))
+    bar.phase("loading", sum(len(run_hosts) for run_hosts in hosts))
+    done = _map(executor, map_hosts, tasks, [t.input for t in tasks], bar, _map_counted)
+    loaded: list[list] = []
+    results: list[list | None] = []
+    start = 0
+    for run_index, (source, count) in enumerate(zip(sources, per_run, strict=True)):
+        run_done, run_tasks = done[start : start + count], tasks[start : start + count]
+        start += count
+        settled = _settle(executor, source, run_tasks, run_done)
+        if settled is None and not all(t.store_op_events for t in run_tasks):
+            # attributed from the database after all: it needs every event (loaded again, in full)
+            remove_tree(staging / f"run-{run_index}")
+            run_done = _load_all(executor, [hosts[run_index]], [probes[run_index]], [t0s[run_index]],
+                                 staging / f"rerun-{run_index}", False, IngestProgress(False), compiled,
+                                 workers)[0]
+        loaded.append(run_done)
+        results.append(settled)
+    return loaded, results
+
+
+def _settle(executor: Executor, source: RunSource, tasks: list[MapTask], done: list[Mapped]) -> list | None:
+    """The run's batch results once its batches agree with the run (``_map_all``), or None."""
+    if source.source_format != "xspace" or not done:
+        return None
+    results = [m.result for m in done]
+    flags = results[0].flags
+    if flags is None or any(r.flags != flags for r in results):
+        return None
+    if flags["has_steps_line"] or flags["has_group_ids"]:  # the steps do not depend on the programs
+        return results
+    import pyarrow as pa
+
+    from tpuanalyze.analyzer.batch_map import dominant_program
+
+    programs = pa.concat_tables([r.relations["att_programs"] for r in results])
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("programs", programs)
+        dominant = dominant_program(con, "programs")
+    finally:
+        con.close()
+    redo = [i for i, r in enumerate(results) if r.dominant != dominant]
+    if not redo:
+        return results
+    again = [MapTask(tasks[i].load, tasks[i].config, tasks[i].index, tasks[i].source_format, programs,
+                     tasks[i].store_op_events) for i in redo]
+    for i, mapped in zip(redo, _map(executor, map_hosts, again, [t.input for t in again],
+                                    IngestProgress(False), _map_counted), strict=True):
+        results[i] = mapped.result
+    return results
+
+
+def _map_counted(task: MapTask, result: Mapped) -> list[tuple[str, int]]:
+    if result.parts is None:
+        return []
+    return [(Path(item.path).name, host.events) for item, host in zip(task.inputs, result.parts, strict=True)]
 
 
 def _probe_counted(item: HostInput, result: Probe) -> list[tuple[str, int]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -210,3 +211,82 @@ def forget_kept() -> None:
     global _kept_bytes
     _kept.clear()
     _kept_bytes = 0
+
+
+@dataclass(frozen=True)
+class MapTask:
+    """Load consecutive hosts of a run (``load``) and attribute them where they were read
+    (analyzer/batch_map.py): the batch ``index`` of its run. ``programs_run``: the run's program
+    executions (Arrow), for a batch attributed again with the run's dominant program."""
+
+    load: LoadTask
+    config: dict
+    index: int
+    source_format: str
+    programs_run: Any = None
+    # the events of device op lines stored too (their op rows come back from the map either way): a
+    # report's temporary database needs only the others (analyzer/event_partials.py)
+    store_op_events: bool = True
+
+    @property
+    def input(self) -> HostInput:
+        return self.load.input
+
+    @property
+    def inputs(self) -> tuple[HostInput, ...]:
+        return self.load.inputs
+
+
+@dataclass
+class Mapped:
+    """A map task's hosts (their parts for the commit) and the batch's analysis results."""
+
+    parts: list[HostParts] | None = None
+    result: Any = None  # analyzer.batch_map.BatchResult
+    error: TaskError | None = None
+
+
+# the run id of a map worker's own database (the run's real id is the commit's)
+MAP_RUN_ID = 0
+
+
+def map_hosts(task: MapTask) -> Mapped:
+    """Read the task's hosts into memory (``store.batch.BatchTables``), write the parts of the rows to
+    store for the commit (without the device op events unless ``store_op_events``), then attribute
+    the hosts where they are (``analyzer.batch_map.map_batch`` over a DuckDB of this process given the
+    batch as its base tables): the op rows go to a Parquet file beside the parts, the rest comes back
+    in the result."""
+    from tpuanalyze.analyzer.batch_map import map_batch
+    from tpuanalyze.store.batch import BatchTables
+    from tpuanalyze.store.database import table_ddl
+
+    load = task.load
+    first = load.input
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET enable_progress_bar = false")
+        con.execute("SET threads = 1")  # one worker = one core; the pool provides the parallelism
+        con.execute(table_ddl("runs"))
+        con.execute("INSERT INTO runs (run_id, name, source_path, source_format, num_hosts, num_devices, "
+                    "t0_ns, num_events, ingested_at) VALUES (?, ?, ?, ?, ?, 0, ?, 0, now())",
+                    [MAP_RUN_ID, first.host, first.path, task.source_format, len(load.inputs),
+                     load.run_t0_ns])
+        batch = BatchTables(con, load.run_t0_ns)
+        for item in load.inputs:
+            try:
+                _add_host(batch, item, load.compiled)  # type: ignore[arg-type]
+            except (TpuAnalyzeError, OSError) as exc:
+                return Mapped(error=_error(exc, item))
+        hosts = batch.write_parts(load.staging, "zstd" if load.compact else "snappy",
+                                  None if task.store_op_events else batch.off_op_lines())
+        batch.register(con, MAP_RUN_ID)
+        op_rows = Path(load.staging) / "op_rows" / f"batch-{task.index}.parquet"
+        op_rows.parent.mkdir(parents=True, exist_ok=True)
+        result = map_batch(con, MAP_RUN_ID, task.config, task.index, op_rows, task.programs_run)
+        return Mapped(parts=hosts, result=result)
+    finally:
+        con.close()
+
+
+def _sql_path(path: Path) -> str:
+    return str(path).replace("'", "''")

@@ -1,0 +1,110 @@
+"""The map side of the analysis: one batch of hosts attributed where it was read, its results small.
+
+A map worker that has just read a batch of consecutive hosts of a run holds them in a database of its
+own (in memory). ``map_batch`` attributes them there, as the per-host attribution attributes a batch
+of the run's database (analyzer/per_host.py: the same stages, the batch engine), and returns what the
+reduce needs (``BatchResult``): the batch's rows of the kept relations (steps, breakdowns, collective
+time, spans, programs), its op kinds, its narrow op rows written to a Parquet file, and the partial
+aggregates of the readers that would scan the op rows (analyzer/batch_reduce.py). The reduce
+(analyzer/mapped.py) combines the batches into the relations ``analyze_run`` reads, so the op rows
+are never sent back through the main process.
+
+Two things are the run's, not a batch's: its flags (does any host have a Steps line, ...) and its
+dominant program (the non-eval program with the most execution time over all hosts). A batch takes its
+own as the run's; the reduce checks them against the run's (``BatchResult.flags``, ``dominant``) and
+has a batch whose guess was wrong attributed again with the run's programs (``programs_run``), or, for
+flags that differ between batches, the run attributed from its database instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from tpuanalyze.analyzer import event_partials
+from tpuanalyze.analyzer.attribution import RUN_FLAGS
+from tpuanalyze.analyzer.batch_reduce import BatchReduce
+from tpuanalyze.analyzer.collectives import CollectivePartials
+from tpuanalyze.analyzer.per_host import KEPT_STAGES, SCRATCH, materialize_per_host
+from tpuanalyze.analyzer.resources import scratch_database
+
+# Kind ids of batch ``i`` start at ``i << KIND_ID_BITS``: the batches' kinds stay distinct without a
+# renumbering of their op rows (a kind of several batches has several ids; its rows carry one each).
+KIND_ID_BITS = 24
+
+
+@dataclass
+class BatchResult:
+    """One batch's share of a run's analysis (picklable: Arrow tables, pandas frames, a file path)."""
+
+    flags: dict[str, bool] | None  # the batch's own att_runs flags (None: no run row)
+    dominant: str | None  # the batch's dominant program (what its steps assumed), or None
+    programs_run_used: bool  # attributed with the run's programs given
+    relations: dict[str, Any] = field(default_factory=dict)  # KEPT_STAGES -> Arrow table
+    kinds: Any = None  # Arrow: kind_id (BIGINT, the batch's range) + op_kinds.KIND_COLUMNS
+    op_rows: str | None = None  # Parquet file of the narrow op_steps rows (op_kinds.OP_STEPS_OWN)
+    op_rows_data: bytes | None = None  # the same file's bytes, when it travels (a cluster's worker)
+    ops_parts: Any = None  # Arrow: ops.ops_partial_sql's rows
+    infeed_parts: Any = None  # Arrow: input.infeed_sql's rows
+    collectives: CollectivePartials = field(default_factory=CollectivePartials)
+    types: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # each table's DuckDB types
+    # the event readers' partials (analyzer/event_partials.py): name -> (Arrow table, DuckDB types)
+    partials: dict[str, tuple[Any, list[tuple[str, str]]]] = field(default_factory=dict)
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, relation: str, result: BatchResult, key: str) -> Any:
+    """``relation``'s rows as Arrow, its DuckDB column types kept in ``result.types[key]`` (Arrow has
+    no HUGEINT: the reduce casts the columns back)."""
+    result.types[key] = [(r[0], r[1]) for r in con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()]
+    return con.sql(f"SELECT * FROM {relation}").to_arrow_table()
+
+
+def dominant_program(con: duckdb.DuckDBPyConnection, programs: str) -> str | None:
+    """The dominant program of the program executions in ``programs`` (stage att_steps' rule)."""
+    row = con.execute(f"SELECT arg_max(program, total_ps) FROM (SELECT program, sum(end_ps - start_ps) AS "
+                      f"total_ps FROM {programs} WHERE NOT named_eval GROUP BY ALL)").fetchone()
+    return row[0] if row else None
+
+
+def map_batch(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any], index: int,
+              op_rows_path: str | Path, programs_run: Any = None) -> BatchResult:
+    """Attribute every host of ``con`` (one batch of run ``run_id``: a map worker's own database) and
+    return the batch's results; its narrow op rows go to the Parquet file ``op_rows_path``.
+    ``programs_run``: the run's program executions (an Arrow table of att_programs' columns) when the
+    batch's own dominant program was not the run's."""
+    hosts = con.execute("SELECT min(host), max(host) FROM planes WHERE run_id = ?", [int(run_id)]).fetchone()
+    keep_warmup = bool(config["warmup"].get("keep"))
+    base = int(index) << KIND_ID_BITS
+    with scratch_database(con):
+        reduce = BatchReduce(run_id, keep_warmup=keep_warmup)
+        if programs_run is not None:
+            con.register("ta_programs_run", programs_run)
+        try:
+            rel = materialize_per_host(con, run_id, config, [(hosts[0], hosts[1])] if hosts[0] else [],
+                                       on_batch=reduce.add_batch, threads=1,
+                                       programs_run="ta_programs_run" if programs_run is not None else None)
+        finally:
+            if programs_run is not None:
+                con.unregister("ta_programs_run")
+        reduce.finish(con)
+        flags_row = con.execute(f"SELECT {', '.join(RUN_FLAGS)} FROM {rel['att_runs']}").fetchall()
+        flags = dict(zip(RUN_FLAGS, (bool(v) for v in flags_row[0]), strict=True)) if flags_row else None
+        result = BatchResult(flags=flags, dominant=dominant_program(con, rel["att_programs"]),
+                             programs_run_used=programs_run is not None)
+        for name in KEPT_STAGES:
+            result.relations[name] = _fetch(con, rel[name], result, name)
+        result.kinds = _fetch(con, f"(SELECT * REPLACE (CAST(kind_id AS BIGINT) + {base} AS kind_id) "
+                                   f"FROM {rel['op_kinds']})", result, "op_kinds")
+        path = str(op_rows_path).replace("'", "''")
+        con.execute(f"COPY (SELECT * REPLACE (CAST(kind_id AS BIGINT) + {base} AS kind_id) "
+                    f"FROM {SCRATCH}.ta_op_rows_0) TO '{path}' (FORMAT parquet, COMPRESSION snappy)")
+        result.op_rows = str(op_rows_path)
+        parts = reduce.relations()
+        for key in ("ops_parts", "infeed_parts"):
+            if key in parts:
+                setattr(result, key, _fetch(con, parts[key], result, key))
+        result.collectives = reduce.collectives
+        result.partials = event_partials.compute(con, run_id)
+    return result
