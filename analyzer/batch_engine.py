@@ -43,6 +43,7 @@ from tpuanalyze.analyzer.sweep import (
     _sweep,
     sort_points,
 )
+from tpuanalyze.store.batch import columns_in
 from tpuanalyze.store.database import events_select
 
 # the stages the engine builds from arrays (the others run their SQL)
@@ -358,10 +359,13 @@ def outside_steps(con: duckdb.DuckDBPyConnection, elem: Elementary, run_id: int,
 
 def op_steps_rows(con: duckdb.DuckDBPyConnection, ops: OpArrays, step_breakdown_table: str) -> Any:
     """The batch's narrow op_steps rows (op_kinds.OP_STEPS_OWN) as an Arrow table: the op rows
-    (``ops``) each with the step it starts in (the stage's ASOF rule over the
-    step_breakdown rows of a device: the latest start at or before the op's, if the op starts before
-    that step ends)."""
+    (``ops``) each with the step it starts in (the stage's ASOF rule over the step_breakdown rows of a
+    device: the latest start at or before the op's, if the op starts before that step ends). The
+    collectives come first (as the scratch database stores them: a file's row groups of compute ops
+    then have no collective kind, which the findings' filters skip), host and collective kind
+    dictionary-encoded (cheap to write and to read back)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     from tpuanalyze.analyzer.sweep import _filled, _null_mask
 
     steps = con.execute(f"SELECT host, device_ordinal AS device, start_ps, duration_ps, step_num, is_eval "
@@ -377,6 +381,10 @@ def op_steps_rows(con: duckdb.DuckDBPyConnection, ops: OpArrays, step_breakdown_
     found = np.empty(n, np.int64)
     found[op_order] = _latest_step(ops.device_index[op_order].astype(np.int64), ops.start_ps[op_order],
                                    s_dev[order], s_start[order], s_end[order])
+    kinds = ops.collective_kind
+    collective = np.asarray(pc.is_valid(kinds))
+    rows = np.concatenate([np.flatnonzero(collective), np.flatnonzero(~collective)])  # collectives first
+    found = found[rows]
     none = found < 0
     pick = order[np.maximum(found, 0)] if len(order) else np.zeros(n, np.int64)
 
@@ -386,12 +394,30 @@ def op_steps_rows(con: duckdb.DuckDBPyConnection, ops: OpArrays, step_breakdown_
         return pa.array(np.asarray(_filled(values, fill))[pick], type=kind,
                         mask=none | _null_mask(values)[pick])
 
-    table = ops.table.select(["run_id", "host", "device", "kind_id", "collective_kind", "start_ps",
-                              "duration_ps"]).rename_columns(
-        ["run_id", "host", "device_ordinal", "kind_id", "collective_kind", "start_ps", "duration_ps"])
-    table = table.append_column("step_num", column(steps["step_num"], pa.int64(), 0))
-    table = table.append_column("step_start", column(steps["start_ps"], pa.int64(), 0))
-    return table.append_column("step_is_eval", column(steps["is_eval"], pa.bool_(), False))
+    hosts = sorted({host for host, _ in ops.devices})
+    host_index = {host: i for i, host in enumerate(hosts)}
+    device_host = np.array([host_index[host] for host, _ in ops.devices], dtype=np.int32)
+    device_ordinal = np.array([d if d is not None else 0 for _, d in ops.devices], dtype=np.int32)
+    device_null = np.array([d is None for _, d in ops.devices], dtype=bool)
+    device = ops.device_index[rows]
+    run_id = ops.table.column("run_id")[0].as_py() if n else 0
+    indices = np.asarray(kinds.indices.fill_null(0))[rows]
+    return pa.table({
+        "run_id": pa.array(np.full(n, run_id, np.int32)),
+        "host": pa.DictionaryArray.from_arrays(pa.array(device_host[device] if len(device_host)
+                                                        else np.empty(0, np.int32)),
+                                               pa.array(hosts, type=pa.string())),
+        "device_ordinal": pa.array(device_ordinal[device] if len(device_ordinal) else np.empty(0, np.int32),
+                                   mask=device_null[device] if len(device_null) else None),
+        "kind_id": pa.array(ops.kind_id[rows], type=pa.int32()),
+        "collective_kind": pa.DictionaryArray.from_arrays(pa.array(indices, mask=~collective[rows]),
+                                                          kinds.dictionary),
+        "start_ps": pa.array(ops.start_ps[rows]),
+        "duration_ps": pa.array(ops.duration_ps[rows]),
+        "step_num": column(steps["step_num"], pa.int64(), 0),
+        "step_start": column(steps["start_ps"], pa.int64(), 0),
+        "step_is_eval": column(steps["is_eval"], pa.bool_(), False),
+    })
 
 
 _RUN_RE = re.compile(r"run_id\s*=\s*(-?\d+)")
@@ -403,3 +429,63 @@ def run_of(subs: dict[str, str]) -> int:
     if match is None:
         raise ValueError(f"no run id in {subs['run_filter']!r}")
     return int(match.group(1))
+
+
+def batch_flags(batch: Any) -> dict[str, bool]:
+    """Stage att_runs' flags of a map worker's batch in memory (``store.batch.BatchTables``), from its
+    arrays: the same facts the stage reads from the tables (which device lines hold events, an op
+    event's group id of its own or of its metadata), for an XSpace run (no Kineto JSON)."""
+    planes, lines, events = batch.columns("planes"), batch.columns("lines"), batch.columns("event_rows")
+    flags = dict.fromkeys(("has_device_planes", "has_steps_line", "has_modules_line", "has_group_ids",
+                           "is_kineto"), False)
+    if planes is None:
+        return flags
+    count = np.where(planes["num_events__ok"], planes["num_events"], 0) if "num_events__ok" in planes \
+        else planes["num_events"]
+    flags["has_device_planes"] = bool(any(k in ("tpu", "gpu") and n > 0 for k, n in
+                                          zip(planes["kind"].tolist(), count.tolist(), strict=True)))
+    if lines is None or events is None or not len(events["host_code"]):
+        return flags
+    plane_hosts, line_hosts, ev_hosts = (batch.host_names(t) for t in ("planes", "lines", "event_rows"))
+    plane_name = {(plane_hosts[h], int(p)): name for h, p, name in
+                  zip(planes["host_code"].tolist(), planes["plane_index"].tolist(), planes["name"].tolist(),
+                      strict=True)}
+    code = {h: i for i, h in enumerate(ev_hosts)}
+    e_host, e_plane, e_line = (events["host_code"].astype(np.int64), events["plane_index"].astype(np.int64),
+                               events["line_index"].astype(np.int64))
+    n_plane, n_line = int(e_plane.max()) + 1, int(e_line.max()) + 1
+    if min(int(e_plane.min()), int(e_line.min())) < 0 or len(ev_hosts) * n_plane * n_line > (1 << 24):
+        raise ValueError("batch too sparse for a line table")
+    table = np.zeros(len(ev_hosts) * n_plane * n_line, np.int8)  # 1 steps, 2 modules, 4 op line
+    for h, p, i, name in zip(lines["host_code"].tolist(), lines["plane_index"].tolist(),
+                             lines["line_index"].tolist(), lines["name"].tolist(), strict=True):
+        host = line_hosts[h]
+        plane = plane_name.get((host, int(p)))
+        if host not in code or not isinstance(plane, str) or not plane.startswith("/device:") \
+                or not (0 <= p < n_plane and 0 <= i < n_line):
+            continue
+        bits = (1 if name == "Steps" else 0) | (2 if name == "XLA Modules" else 0)
+        if plane.startswith(("/device:TPU:", "/device:GPU:")) and isinstance(name, str) and (
+                name in ("XLA Ops", "Async XLA Ops") or name.startswith("Stream #")):
+            bits |= 4
+        table[(code[host] * n_plane + p) * n_line + i] = bits
+    line_bits = table[(e_host * n_plane + e_plane) * n_line + e_line]
+    flags["has_steps_line"] = bool((line_bits & 1).any())
+    flags["has_modules_line"] = bool((line_bits & 2).any())
+    op = ((line_bits & 4) > 0) & (events["duration_ps"] > 0)
+    if (op & events["group_id__ok"]).any():
+        flags["has_group_ids"] = True
+    elif op.any():
+        metadata = batch.columns("event_metadata")
+        if metadata is not None and metadata["group_id__ok"].any():
+            md_hosts = batch.host_names("event_metadata")
+            md_code = {h: i for i, h in enumerate(md_hosts)}
+            remap = np.array([md_code.get(h, -1) for h in ev_hosts], dtype=np.int64)
+            grouped = metadata["group_id__ok"]
+            keys = np.stack([metadata["host_code"][grouped].astype(np.int64),
+                             metadata["plane_index"][grouped].astype(np.int64),
+                             metadata["metadata_id"][grouped].astype(np.int64)])
+            op &= remap[e_host] >= 0  # (a host without metadata names none)
+            ops = np.stack([remap[e_host[op]], e_plane[op], events["metadata_id"][op].astype(np.int64)])
+            flags["has_group_ids"] = bool(columns_in(ops, keys).any())
+    return flags

@@ -23,16 +23,22 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 from tpuanalyze.analyzer import event_partials
 from tpuanalyze.analyzer.attribution import RUN_FLAGS
+from tpuanalyze.analyzer.batch_engine import batch_flags
 from tpuanalyze.analyzer.batch_reduce import BatchReduce
 from tpuanalyze.analyzer.collectives import CollectivePartials
-from tpuanalyze.analyzer.per_host import KEPT_STAGES, SCRATCH, materialize_per_host
+from tpuanalyze.analyzer.per_host import KEPT_STAGES, materialize_per_host
 from tpuanalyze.analyzer.resources import scratch_database
+from tpuanalyze.store.database import events_select
 
 # Kind ids of batch ``i`` start at ``i << KIND_ID_BITS``: the batches' kinds stay distinct without a
 # renumbering of their op rows (a kind of several batches has several ids; its rows carry one each).
 KIND_ID_BITS = 24
+# Rows per row group of a batch's op rows file: the collectives come first, so the findings' filters on
+# collective_kind skip the row groups of compute ops by their statistics (DuckDB's own group size).
+OP_ROWS_ROW_GROUP = 122_880
 
 
 @dataclass
@@ -69,11 +75,12 @@ def dominant_program(con: duckdb.DuckDBPyConnection, programs: str) -> str | Non
 
 
 def map_batch(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any], index: int,
-              op_rows_path: str | Path, programs_run: Any = None) -> BatchResult:
+              op_rows_path: str | Path, programs_run: Any = None, batch: Any = None) -> BatchResult:
     """Attribute every host of ``con`` (one batch of run ``run_id``: a map worker's own database) and
     return the batch's results; its narrow op rows go to the Parquet file ``op_rows_path``.
     ``programs_run``: the run's program executions (an Arrow table of att_programs' columns) when the
-    batch's own dominant program was not the run's."""
+    batch's own dominant program was not the run's. ``batch``: the rows in memory the connection's
+    base tables are (``store.batch.BatchTables``), for the op rows made from its arrays."""
     hosts = con.execute("SELECT min(host), max(host) FROM planes WHERE run_id = ?", [int(run_id)]).fetchone()
     keep_warmup = bool(config["warmup"].get("keep"))
     base = int(index) << KIND_ID_BITS
@@ -81,10 +88,34 @@ def map_batch(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any
         reduce = BatchReduce(run_id, keep_warmup=keep_warmup)
         if programs_run is not None:
             con.register("ta_programs_run", programs_run)
+        def sink(_: int, rows: Any) -> str:
+            """The batch's op rows to the Parquet file, their kinds in the batch's id range."""
+            import pyarrow.compute as pc
+            import pyarrow.parquet as pq
+
+            position = rows.schema.get_field_index("kind_id")
+            kind_id = pc.add(rows.column(position).cast("int64"), base)
+            # dictionaries for the two string columns only (the numbers' dictionary attempts cost more
+            # than they save), LZ4: 0.14 s a million rows against 0.25 with the defaults
+            pq.write_table(rows.set_column(position, "kind_id", kind_id), str(op_rows_path),
+                           compression="lz4", use_dictionary=["host", "collective_kind"],
+                           row_group_size=OP_ROWS_ROW_GROUP)
+            return str(op_rows_path)
+
+        flags_given = events_relation = None
+        if batch is not None:  # the flags and the events off the op lines straight from its arrays
+            flags_given = batch_flags(batch)
+            off = np.flatnonzero(~batch.op_line_mask())
+            con.register("ta_event_rows_off", batch.arrow("event_rows", run_id, off))
+            con.execute(f"CREATE OR REPLACE TEMP TABLE ta_events_off AS {events_select('ta_event_rows_off')}")
+            con.unregister("ta_event_rows_off")
+            events_relation = "ta_events_off"
         try:
             rel = materialize_per_host(con, run_id, config, [(hosts[0], hosts[1])] if hosts[0] else [],
                                        on_batch=reduce.add_batch, threads=1,
-                                       programs_run="ta_programs_run" if programs_run is not None else None)
+                                       programs_run="ta_programs_run" if programs_run is not None else None,
+                                       op_rows_sink=sink, batch=batch, flags_given=flags_given,
+                                       events_relation=events_relation)
         finally:
             if programs_run is not None:
                 con.unregister("ta_programs_run")
@@ -97,14 +128,21 @@ def map_batch(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any
             result.relations[name] = _fetch(con, rel[name], result, name)
         result.kinds = _fetch(con, f"(SELECT * REPLACE (CAST(kind_id AS BIGINT) + {base} AS kind_id) "
                                    f"FROM {rel['op_kinds']})", result, "op_kinds")
-        path = str(op_rows_path).replace("'", "''")
-        con.execute(f"COPY (SELECT * REPLACE (CAST(kind_id AS BIGINT) + {base} AS kind_id) "
-                    f"FROM {SCRATCH}.ta_op_rows_0) TO '{path}' (FORMAT parquet, COMPRESSION snappy)")
         result.op_rows = str(op_rows_path)
         parts = reduce.relations()
         for key in ("ops_parts", "infeed_parts"):
             if key in parts:
                 setattr(result, key, _fetch(con, parts[key], result, key))
         result.collectives = reduce.collectives
-        result.partials = event_partials.compute(con, run_id)
+        # the readers that need a partial only in a run without XLA Modules executions, or without
+        # weight-update ops: where the batch has them, the run has them too (flags agree across a run's
+        # batches; a weight-update op of any batch is the run's), so the reader never reads its rows
+        skip = set()
+        if flags and flags["has_modules_line"]:
+            skip.add("module_op_time")
+        updates = f"SELECT count(*) FROM {rel['op_kinds']} WHERE category = 'weight_update'"
+        if con.execute(updates).fetchone()[0]:
+            skip.add("event_names")
+        result.partials = event_partials.compute(con, run_id, tuple(n for n in event_partials.MAP_SQL
+                                                                    if n not in skip))
     return result

@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 from tpuanalyze.analyzer.batch_map import BatchResult
 from tpuanalyze.analyzer.collectives import CollectivePartials
-from tpuanalyze.analyzer.event_partials import MAP_SQL
+from tpuanalyze.analyzer.event_partials import MAP_SQL, map_sql
 from tpuanalyze.analyzer.op_kinds import op_steps_select
 from tpuanalyze.analyzer.per_host import KEPT_STAGES
 
@@ -73,9 +73,13 @@ def materialize_mapped(con: duckdb.DuckDBPyConnection, run_id: int, results: Seq
             relation[key] = f"{prefix}{key}"
     for name in MAP_SQL:
         parts = [r.partials[name] for r in results if name in r.partials]
+        target = f"{prefix}{name}_parts"
         if parts:
-            _concat(con, f"{prefix}{name}_parts", name, parts, run_id)
-            relation[f"{name}_parts"] = f"{prefix}{name}_parts"
+            _concat(con, target, name, parts, run_id)
+        else:  # no batch needed it (analyzer/batch_map.py): its columns, no rows
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {target} AS SELECT * FROM ({map_sql(name, run_id)}) "
+                        "LIMIT 0")
+        relation[f"{name}_parts"] = target
     collectives = CollectivePartials()
     for result in results:
         collectives.extend(result.collectives)

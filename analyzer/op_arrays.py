@@ -55,6 +55,7 @@ class OpArrays:
     start_ps: np.ndarray  # int64
     duration_ps: np.ndarray  # int64
     table: Any = None  # the rows as an Arrow table (op_kinds.ROW_COLUMNS, the rows table's types)
+    collective_kind: Any = None  # the rows' collective kind (Arrow, dictionary-encoded)
 
 
 def device_sort_key(device: tuple[str, int | None]) -> tuple[str, bool, int]:
@@ -109,7 +110,7 @@ def narrow_device_ops(kinds: OpKinds, con: duckdb.DuckDBPyConnection, subs: dict
     statements where they read or classify, with the per-op joins in numpy. Returns the rows' arrays."""
     import pyarrow as pa
 
-    lines, keys, classes = f"{local}op_lines", f"{local}op_keys", f"{local}op_classes"
+    lines, keys = f"{local}op_lines", f"{local}op_keys"
     key_table = f"{local}op_key_arrow"
     run = subs["run_filter"]
     e_host, l_host = subs["e_host"], subs["l_host"]
@@ -164,6 +165,42 @@ LEFT JOIN {batch_relation(subs, 'event_details', 'd')} d
  AND d.event_index = k.own_index""")
         finally:
             con.unregister(key_table)
+        group, group_null = _masked(ev["group_id"])
+        corr, corr_null = _masked(ev["correlation_id"])
+        line_devices, line_null = _masked(line_rows["device"])
+        return _finish(kinds, con, subs, local, rows, keys, len(u_line), inverse,
+                       LineInfo(run_id=np.asarray(line_rows["run_id"]).astype(np.int32),
+                                host=np.asarray(line_rows["host"], dtype=object),
+                                device=line_devices, device_null=line_null),
+                       line_key - 1, np.asarray(ev["start_ps"]).astype(np.int64),
+                       np.asarray(ev["duration_ps"]).astype(np.int64), group, group_null, corr, corr_null)
+    finally:
+        for table_name in (lines, keys):
+            con.execute(f"DROP TABLE IF EXISTS {table_name}")
+
+
+@dataclass
+class LineInfo:
+    """The batch's op lines in line-key order (key 1 first): run, host and device of each."""
+
+    run_id: np.ndarray
+    host: np.ndarray  # object (str)
+    device: np.ndarray
+    device_null: np.ndarray
+
+
+def _finish(kinds: OpKinds, con: duckdb.DuckDBPyConnection, subs: dict[str, str], local: str, rows: str,
+            keys: str, n_keys: int, inverse: np.ndarray, lines: LineInfo, line_pos: np.ndarray,
+            start: np.ndarray, duration: np.ndarray, group: np.ndarray, group_null: np.ndarray,
+            corr: np.ndarray, corr_null: np.ndarray) -> OpArrays:
+    """Steps 4-6 of the narrow op rows, from the keys' TEMP table ``keys`` (key_index, line, full_name,
+    PROPERTY_COLUMNS, metadata_group_id, metadata_correlation_id; ``n_keys`` rows) and each op
+    event's key (``inverse``), line (``line_pos`` into ``lines``) and own numbers: the keys' classes,
+    the batch's new kinds, TEMP TABLE ``rows`` and its arrays."""
+    import pyarrow as pa
+
+    classes = f"{local}op_classes"
+    try:
         # 4. each distinct combination of properties classified once
         properties = ("line", "full_name", *PROPERTY_COLUMNS)
         con.execute(f"CREATE OR REPLACE TEMP TABLE {classes} AS {classes_select(keys, subs)}")
@@ -176,62 +213,280 @@ FROM {keys} y
 JOIN {classes} c ON {_same('y', 'c', properties)}
 JOIN {kinds.table} n ON {_same('n', 'c', KIND_COLUMNS)}
 ORDER BY y.key_index""").fetchnumpy()
-        if len(keyed["key_index"]) != len(u_line):
+        if len(keyed["key_index"]) != n_keys:
             raise RuntimeError("op kinds: a key matched no kind, or several")
         kinds_rows = con.execute(f"SELECT kind_id, collective_kind FROM {kinds.table}").fetchnumpy()
-        # 6. every op its key's kind, in numpy (the async line only contributes collective spans)
-        kept = ~np.asarray(keyed["dropped"], bool)[inverse]
-        at = inverse[kept]
-        kind_id = np.asarray(keyed["kind_id"]).astype(np.int32)[at]
-        group, group_null = _masked(ev["group_id"])
-        md_group, md_group_null = _masked(keyed["metadata_group_id"])
-        corr, corr_null = _masked(ev["correlation_id"])
-        md_corr, md_corr_null = _masked(keyed["metadata_correlation_id"])
-        group, group_null = group[kept], group_null[kept]
-        corr, corr_null = corr[kept], corr_null[kept]
-        group_id = np.where(group_null, md_group[at], group)
-        group_id_null = group_null & md_group_null[at]
-        correlation_id = np.where(corr_null, md_corr[at], corr)
-        correlation_id_null = corr_null & md_corr_null[at]
-        lk = line_key[kept]
-        # line_key is dense from 1 in line_rows' order
-        line_pos = lk - 1
-        run_ids = np.asarray(line_rows["run_id"]).astype(np.int32)
-        devices, devices_null = _masked(line_rows["device"])
-        host_names = pa.array(np.asarray(line_rows["host"], dtype=object), type=pa.string())
-        kind_order = np.argsort(np.asarray(kinds_rows["kind_id"]))
-        sorted_ids = np.asarray(kinds_rows["kind_id"])[kind_order]
-        kind_pos = kind_order[np.searchsorted(sorted_ids, kind_id)]
-        coll_text = _texts(kinds_rows["collective_kind"])
-        table = pa.table({
-            "run_id": pa.array(run_ids[line_pos], type=pa.int32()),
-            "host": host_names.take(pa.array(line_pos)),
-            "device": pa.array(devices[line_pos].astype(np.int32), mask=devices_null[line_pos]),
-            "kind_id": pa.array(kind_id, type=pa.int32()),
-            "collective_kind": pa.array(coll_text, type=pa.string()).take(pa.array(kind_pos)),
-            "start_ps": pa.array(np.asarray(ev["start_ps"]).astype(np.int64)[kept]),
-            "duration_ps": pa.array(np.asarray(ev["duration_ps"]).astype(np.int64)[kept]),
-            "group_id": pa.array(group_id.astype(np.int64), mask=group_id_null),
-            "correlation_id": pa.array(correlation_id.astype(np.int64), mask=correlation_id_null),
-        })
-        arrow = f"{local}op_rows_arrow"
-        con.register(arrow, table)
-        try:
-            cols = ", ".join(f"CAST({c} AS {t}) AS {c}" for c, t in ROW_TYPES)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {rows} AS SELECT {cols} FROM {arrow}")
-        finally:
-            con.unregister(arrow)
-        # each op line's device, as an index into the batch's sorted devices
-        line_devices = [(str(h), None if null else int(d)) for h, d, null in
-                        zip(np.asarray(line_rows["host"], dtype=object).tolist(), devices.tolist(),
-                            devices_null.tolist(), strict=True)]
-        device_list = sorted(set(line_devices), key=device_sort_key)
-        position = {dev: i for i, dev in enumerate(device_list)}
-        line_device = np.array([position[dev] for dev in line_devices], dtype=np.int32)
-        return OpArrays(devices=device_list, device_index=line_device[line_pos] if len(line_device)
-                        else np.empty(0, np.int32), kind_id=kind_id,
-                        start_ps=np.asarray(ev["start_ps"]).astype(np.int64)[kept],
-                        duration_ps=np.asarray(ev["duration_ps"]).astype(np.int64)[kept], table=table)
     finally:
-        for table_name in (lines, keys, classes):
-            con.execute(f"DROP TABLE IF EXISTS {table_name}")
+        con.execute(f"DROP TABLE IF EXISTS {classes}")
+    # 6. every op its key's kind, in numpy (the async line only contributes collective spans)
+    kept = ~np.asarray(keyed["dropped"], bool)[inverse]
+    at = inverse[kept]
+    kind_id = np.asarray(keyed["kind_id"]).astype(np.int32)[at]
+    md_group, md_group_null = _masked(keyed["metadata_group_id"])
+    md_corr, md_corr_null = _masked(keyed["metadata_correlation_id"])
+    group, group_null = group[kept], group_null[kept]
+    corr, corr_null = corr[kept], corr_null[kept]
+    group_id = np.where(group_null, md_group[at], group)
+    group_id_null = group_null & md_group_null[at]
+    correlation_id = np.where(corr_null, md_corr[at], corr)
+    correlation_id_null = corr_null & md_corr_null[at]
+    line_pos = line_pos[kept]
+    # host and collective kind as dictionaries: a few distinct strings over a million rows
+    line_hosts = sorted(set(lines.host.tolist()))
+    host_of_line = np.array([line_hosts.index(h) for h in lines.host.tolist()], dtype=np.int32)
+    kind_order = np.argsort(np.asarray(kinds_rows["kind_id"]))
+    sorted_ids = np.asarray(kinds_rows["kind_id"])[kind_order]
+    kind_pos = kind_order[np.searchsorted(sorted_ids, kind_id)]
+    coll_text = _texts(kinds_rows["collective_kind"])
+    coll_names = sorted({c for c in coll_text.tolist() if c is not None})
+    coll_code = np.array([coll_names.index(c) if c is not None else -1 for c in coll_text.tolist()],
+                         dtype=np.int32)
+    row_coll = coll_code[kind_pos] if len(coll_code) else np.empty(0, np.int32)
+    collective_kind = pa.DictionaryArray.from_arrays(
+        pa.array(np.maximum(row_coll, 0), mask=row_coll < 0), pa.array(coll_names, type=pa.string()))
+    start, duration = start[kept], duration[kept]
+    table = pa.table({
+        "run_id": pa.array(lines.run_id[line_pos], type=pa.int32()),
+        "host": pa.DictionaryArray.from_arrays(pa.array(host_of_line[line_pos] if len(host_of_line)
+                                                        else np.empty(0, np.int32)),
+                                               pa.array(line_hosts, type=pa.string())),
+        "device": pa.array(lines.device[line_pos].astype(np.int32), mask=lines.device_null[line_pos]),
+        "kind_id": pa.array(kind_id, type=pa.int32()),
+        "collective_kind": collective_kind,
+        "start_ps": pa.array(start),
+        "duration_ps": pa.array(duration),
+        "group_id": pa.array(group_id.astype(np.int64), mask=group_id_null),
+        "correlation_id": pa.array(correlation_id.astype(np.int64), mask=correlation_id_null),
+    })
+    arrow = f"{local}op_rows_arrow"
+    con.register(arrow, table)
+    try:
+        cols = ", ".join(f"CAST({c} AS {t}) AS {c}" for c, t in ROW_TYPES)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {rows} AS SELECT {cols} FROM {arrow}")
+    finally:
+        con.unregister(arrow)
+    # each op line's device, as an index into the batch's sorted devices
+    line_devices = [(str(h), None if null else int(d)) for h, d, null in
+                    zip(lines.host.tolist(), lines.device.tolist(), lines.device_null.tolist(), strict=True)]
+    device_list = sorted(set(line_devices), key=device_sort_key)
+    position = {dev: i for i, dev in enumerate(device_list)}
+    line_device = np.array([position[dev] for dev in line_devices], dtype=np.int32)
+    return OpArrays(devices=device_list, device_index=line_device[line_pos] if len(line_device)
+                    else np.empty(0, np.int32), kind_id=kind_id, start_ps=start, duration_ps=duration,
+                    table=table, collective_kind=collective_kind)
+
+
+_OP_LINE_NAMES = ("XLA Ops", "Async XLA Ops")
+_DEVICE_PREFIXES = ("/device:TPU:", "/device:GPU:")
+
+
+def _is_op_line(line: Any) -> bool:
+    return isinstance(line, str) and (line in _OP_LINE_NAMES or line.startswith("Stream #"))
+
+
+def narrow_from_batch(kinds: OpKinds, con: duckdb.DuckDBPyConnection, batch: Any, subs: dict[str, str],
+                      local: str, rows: str, run_id: int) -> OpArrays:
+    """``narrow_device_ops`` from a map worker's batch in memory (``store.batch.BatchTables``, every row
+    of which is the batch's): the op events straight from its arrays, and an op's key its line's name,
+    its plane's metadata table and its metadata id (the planes and hosts that share a metadata table
+    share its keys: a pod batch's million ops have a few hundred), so only the distinct keys are
+    looked up and classified. The same rows and kinds as the SQL form (tests/test_op_arrays.py)."""
+    import pyarrow as pa
+
+    keys = f"{local}op_keys"
+    key_table = f"{local}op_key_arrow"
+    events = batch.columns("event_rows")
+    lines = batch.columns("lines")
+    planes = batch.columns("planes")
+    if events is None or lines is None or planes is None:
+        raise NoArrays()
+    # 1. the op lines (SQL's order: host, plane, line), and each plane's device
+    plane_hosts = batch.host_names("planes")
+    device_of: dict[tuple[str, int], tuple[int, bool]] = {}
+    ordinal, ordinal_null = planes["device_ordinal"], ~planes["device_ordinal__ok"]
+    for h, p, name, d, null in zip(planes["host_code"].tolist(), planes["plane_index"].tolist(),
+                                   planes["name"].tolist(), ordinal.tolist(), ordinal_null.tolist(),
+                                   strict=True):
+        if isinstance(name, str) and name.startswith(_DEVICE_PREFIXES):
+            device_of[(plane_hosts[h], int(p))] = (int(d), bool(null))
+    line_hosts = batch.host_names("lines")
+    op_lines = sorted((line_hosts[h], int(p), int(i), name) for h, p, i, name in
+                      zip(lines["host_code"].tolist(), lines["plane_index"].tolist(),
+                          lines["line_index"].tolist(), lines["name"].tolist(), strict=True)
+                      if (line_hosts[h], int(p)) in device_of and _is_op_line(name))
+    line_names = sorted({name for *_, name in op_lines})
+    line_code = {name: i for i, name in enumerate(line_names)}
+    info = LineInfo(run_id=np.full(len(op_lines), run_id, np.int32),
+                    host=np.array([h for h, *_ in op_lines], dtype=object),
+                    device=np.array([device_of[(h, p)][0] for h, p, *_ in op_lines], dtype=np.int64),
+                    device_null=np.array([device_of[(h, p)][1] for h, p, *_ in op_lines], dtype=bool))
+    # 2. each event's op line (0: none), through a lookup of (host, plane, line)
+    ev_hosts = batch.host_names("event_rows")
+    host_code = {h: i for i, h in enumerate(ev_hosts)}
+    e_host = events["host_code"].astype(np.int64)
+    e_plane = events["plane_index"].astype(np.int64)
+    e_line = events["line_index"].astype(np.int64)
+    line_keys = {(host_code[h], p, i): k + 1 for k, (h, p, i, _) in enumerate(op_lines) if h in host_code}
+    n_plane = int(e_plane.max()) + 1 if len(e_plane) else 1
+    n_line = int(e_line.max()) + 1 if len(e_line) else 1
+    too_large = len(ev_hosts) * n_plane * n_line > (1 << 24)
+    if too_large or (len(e_plane) and min(e_plane.min(), e_line.min()) < 0):
+        raise NoArrays()
+    lookup = np.zeros(len(ev_hosts) * n_plane * n_line, np.int64)
+    for (h, p, i), k in line_keys.items():
+        if p < n_plane and i < n_line:
+            lookup[(h * n_plane + p) * n_line + i] = k
+    line_key = lookup[(e_host * n_plane + e_plane) * n_line + e_line] if len(e_host) else e_host
+    chosen = np.flatnonzero((line_key > 0) & (events["duration_ps"] > 0))
+    line_key = line_key[chosen]
+    # 3. details: an event's own properties (then it is a key of its own) and correlation id
+    details = batch.columns("event_details")
+    n_events = len(events["host_code"])
+    own = np.zeros(n_events, bool)
+    corr = np.zeros(n_events, np.int64)
+    corr_null = np.ones(n_events, bool)
+    if details is not None:
+        serial = details["serial"]
+        has_own = np.zeros(len(serial), bool)
+        for column in _OWN_PROPERTIES:
+            values = details[column]
+            has_own |= (details[f"{column}__ok"] if f"{column}__ok" in details
+                        else np.array([v is not None for v in values.tolist()], dtype=bool))
+        own[serial[has_own]] = True
+        corr[serial] = details["correlation_id"]
+        corr_null[serial] = ~details["correlation_id__ok"]
+    # 4. each event's key: its line's name, its plane's metadata table and its metadata id; an event
+    # with properties of its own, itself
+    blocks = batch.metadata_blocks()
+    block_of = {(h, p): (t, first, n) for h, p, t, first, n in blocks}
+    lookup_table = np.full(len(ev_hosts) * n_plane, -1, np.int64)
+    for (h, p), (t, _, _) in block_of.items():
+        if h in host_code and p < n_plane:
+            lookup_table[host_code[h] * n_plane + p] = t
+    table_of = lookup_table[e_host[chosen] * n_plane + e_plane[chosen]]
+    name_of_line = np.array([line_code[name] for *_, name in op_lines], dtype=np.int64)
+    md = events["metadata_id"][chosen].astype(np.int64)
+    own_chosen = own[chosen]
+    own_key = np.where(own_chosen, chosen + 1, 0)
+    u_name, u_table, u_md, u_own, inverse = _distinct_keys4(name_of_line[line_key - 1], table_of + 1, md,
+                                                           own_key)
+    # 5. the distinct keys' properties: their metadata row (in their table's first block), their details
+    metadata = batch.columns("event_metadata")
+    first_block: dict[int, tuple[int, int]] = {}
+    for _, _, t, first, n in blocks:
+        first_block.setdefault(t, (first, n))
+    row_of: dict[int, dict[int, int]] = {}
+    md_rows = np.full(len(u_name), -1, np.int64)
+    for k, (t, m) in enumerate(zip((u_table - 1).tolist(), u_md.tolist(), strict=True)):
+        if t < 0:
+            continue
+        if t not in row_of:
+            first, n = first_block[t]
+            ids = metadata["metadata_id"][first : first + n].tolist()
+            row_of[t] = {}
+            for offset, value in enumerate(ids):
+                row_of[t].setdefault(int(value), first + offset)  # (ids are unique in a plane's table)
+        md_rows[k] = row_of[t].get(int(m), -1)
+    # an own key's event: its details row (by serial) and its own plane's metadata row
+    det_row = np.full(len(u_name), -1, np.int64)
+    if details is not None and (u_own > 0).any():
+        serial_pos = {int(v): i for i, v in enumerate(details["serial"].tolist())}
+        for k in np.flatnonzero(u_own > 0).tolist():
+            event = int(u_own[k]) - 1
+            det_row[k] = serial_pos.get(event, -1)
+    columns: dict[str, Any] = {"key_index": pa.array(np.arange(len(u_name), dtype=np.int64)),
+                               "line": pa.array([line_names[i] for i in u_name.tolist()], type=pa.string())}
+    have = md_rows >= 0
+    at = np.maximum(md_rows, 0)
+
+    def gather(source: dict[str, np.ndarray] | None, column: str, rows_at: np.ndarray, present: np.ndarray,
+               kind: str) -> Any:
+        if source is None or not len(rows_at):
+            return pa.nulls(len(rows_at), getattr(pa, kind)())
+        values = source[column][rows_at] if len(source[column]) else np.zeros(len(rows_at))
+        if kind == "string":
+            return pa.array(np.where(present, values, None), type=pa.string())
+        ok = source.get(f"{column}__ok")
+        mask = ~present if ok is None else ~(present & ok[rows_at])
+        return pa.array(values, type=getattr(pa, kind)(), mask=mask)
+
+    kinds_of = {"hlo_category": "string", "hlo_module": "string", "tf_op": "string", "shape": "string",
+                "flops": "float64", "bytes_accessed": "float64"}
+    columns["name"] = gather(metadata, "name", at, have, "string")
+    columns["display_name"] = gather(metadata, "display_name", at, have, "string")
+    d_have = det_row >= 0
+    d_at = np.maximum(det_row, 0)
+    for column in _OWN_PROPERTIES:
+        columns[f"m_{column}"] = gather(metadata, column, at, have, kinds_of[column])
+        columns[f"d_{column}"] = gather(details, column, d_at, d_have, kinds_of[column])
+    columns["metadata_group_id"] = gather(metadata, "group_id", at, have, "int64")
+    columns["metadata_correlation_id"] = gather(metadata, "correlation_id", at, have, "int64")
+    con.register(key_table, pa.table(columns))
+    try:
+        props = ", ".join(f"COALESCE(d_{c}, m_{c}) AS {c}" for c in _OWN_PROPERTIES)
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE {keys} AS
+SELECT key_index, line, COALESCE(name, '') AS full_name,
+       coalesce(nullif(COALESCE(NULLIF(display_name, ''), name, ''), ''), COALESCE(name, '')) AS short_name,
+       {props}, metadata_group_id, metadata_correlation_id
+FROM {key_table}""")
+    finally:
+        con.unregister(key_table)
+    try:
+        group = events["group_id"][chosen]
+        group_null = ~events["group_id__ok"][chosen]
+        start = (events["start_ps"][chosen] + events["shift_ps"][chosen]).astype(np.int64)
+        return _finish(kinds, con, subs, local, rows, keys, len(u_name), inverse, info, line_key - 1, start,
+                       events["duration_ps"][chosen].astype(np.int64), group, group_null, corr[chosen],
+                       corr_null[chosen])
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {keys}")
+
+
+class NoArrays(Exception):
+    """The batch's arrays do not fit the array form (the SQL-fetching form runs instead)."""
+
+
+# Keys of up to this many bits are made distinct through a table of every possible key (linear time)
+# rather than a sort; a pod batch's keys (line name, metadata table, metadata id) take ~16 bits.
+DENSE_KEY_BITS = 23
+
+
+def dense_unique(packed: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """``numpy.unique(packed, return_inverse=True)`` of non-negative keys below ``2**bits``: a presence
+    table where the keys are few bits, else the sort."""
+    if bits > DENSE_KEY_BITS:
+        uniq, inverse = np.unique(packed, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    present = np.zeros(1 << bits, bool)
+    present[packed] = True
+    uniq = np.flatnonzero(present)
+    position = np.cumsum(present, dtype=np.int64) - 1
+    return uniq.astype(np.int64), position[packed]
+
+
+def _distinct_keys4(a: np.ndarray, b: np.ndarray, c: np.ndarray,
+                    d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct rows of four non-negative int columns and each row's index into them: one packed
+    integer where the values fit, else a lexsort."""
+    n = len(a)
+    if not n:
+        empty = np.empty(0, np.int64)
+        return empty, empty, empty, empty, empty
+    low_c = int(c.min())
+    cols = [a.astype(np.int64), b.astype(np.int64), c.astype(np.int64) - low_c, d.astype(np.int64)]
+    bits = [max(int(x.max()), 0).bit_length() for x in cols]
+    if sum(bits) <= 62 and all(int(x.min()) >= 0 for x in cols):
+        packed = np.zeros(n, np.int64)
+        for x, width in zip(cols, bits, strict=True):
+            packed = (packed << width) | x
+        uniq, inverse = dense_unique(packed, sum(bits))
+        out = []
+        shift = sum(bits)
+        for width in bits:
+            shift -= width
+            out.append((uniq >> shift) & ((1 << width) - 1))
+        out[2] = out[2] + low_c
+        return out[0], out[1], out[2], out[3], inverse
+    stacked = np.stack(cols)
+    uniq, inverse = np.unique(stacked, axis=1, return_inverse=True)
+    return uniq[0], uniq[1], uniq[2] + low_c, uniq[3], inverse.reshape(-1)

@@ -70,8 +70,12 @@ class OpKinds:
     batches attributed in threads share), grown batch by batch; ``narrow`` builds a batch's narrow op
     rows and the ``att_ops`` view over them."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, table: str, temp: bool = True) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, table: str, temp: bool = True,
+                 batch: Any = None) -> None:
         self.con, self.table, self.temp = con, table, temp
+        # a map worker's batch in memory (store.batch.BatchTables): the connection's base tables are
+        # its rows, and the narrow rows are made from its arrays (op_arrays.narrow_from_batch)
+        self.batch = batch
         self._created = False
         self._lock = threading.Lock()  # one batch at a time adds kinds: ids stay unique and dense
 
@@ -131,9 +135,16 @@ class OpKinds:
         if os.environ.get("TPUANALYZE_OP_ROWS", "").strip().lower() == "sql":
             self._narrow_device_ops_sql(con, subs, local, rows)
             return None
-        from tpuanalyze.analyzer.op_arrays import narrow_device_ops
+        from tpuanalyze.analyzer import op_arrays
 
-        return narrow_device_ops(self, con, subs, local, rows)
+        if self.batch is not None and os.environ.get("TPUANALYZE_OP_ROWS", "").strip().lower() != "fetch":
+            from tpuanalyze.analyzer.batch_engine import run_of
+
+            try:
+                return op_arrays.narrow_from_batch(self, con, self.batch, subs, local, rows, run_of(subs))
+            except op_arrays.NoArrays:
+                pass
+        return op_arrays.narrow_device_ops(self, con, subs, local, rows)
 
     def _narrow_device_ops_sql(self, con: duckdb.DuckDBPyConnection, subs: dict[str, str], local: str,
                                rows: str) -> None:

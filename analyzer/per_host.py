@@ -211,6 +211,16 @@ def _close(cursors: list[duckdb.DuckDBPyConnection]) -> None:
             pass
 
 
+def collectives_first(rows: Any) -> Any:
+    """A batch's narrow op rows (Arrow) with its collectives first, as ``_append_op_rows`` stores
+    them: in a file of row groups, the findings' collective filters then skip the compute ops' groups."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    collective = pc.is_valid(rows.column("collective_kind"))
+    return pa.concat_tables([rows.filter(collective), rows.filter(pc.invert(collective))])
+
+
 def _append_op_rows(con: duckdb.DuckDBPyConnection, op_rows: str, rows: str) -> None:
     """Append a batch's narrow op rows, its collectives first: they then fill row groups of their own,
     whose statistics let the findings' evidence SQL (``collective_kind IN (...)``) skip the compute ops'."""
@@ -235,7 +245,10 @@ def _op_rows(con: duckdb.DuckDBPyConnection, text: str, rows: str, kinds: str,
 def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any],
                          batches: list[tuple[str, str]], prefix: str = "ta_",
                          on_batch: BatchHook | None = None, threads: int | None = None,
-                         programs_run: str | None = None) -> dict[str, str]:
+                         programs_run: str | None = None,
+                         op_rows_sink: Callable[[int, Any], str] | None = None,
+                         batch: Any = None, flags_given: dict[str, bool] | None = None,
+                         events_relation: str | None = None) -> dict[str, str]:
     """Create the run's relations batch of hosts by batch (module docstring); return stage name ->
     relation name. ``on_batch``, when given, is called with each batch's op rows once they are made
     (the reduce side's partial aggregates, analyzer/batch_reduce.py). ``threads``: batches attributed
@@ -243,7 +256,13 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     must have the scratch database attached as ``ta_scratch``; the run-wide relations the batches read
     live there (a cursor sees no other's TEMP). ``programs_run``: a relation of the run's program
     executions (att_programs' columns, every host) for the dominant program, where the connection
-    holds only some of the run's hosts (a batch of a map worker, analyzer/batch_map.py)."""
+    holds only some of the run's hosts (a batch of a map worker, analyzer/batch_map.py).
+    ``op_rows_sink(i, rows)``: batch i's narrow op rows (an Arrow table, collectives first) are given
+    to it instead of the scratch database; it returns a Parquet file holding them, which the run's
+    ``op_steps`` view reads. ``batch``: the one batch's rows in memory (``store.batch.BatchTables``:
+    the connection's base tables are its registered rows), whose arrays the op rows are made from;
+    ``flags_given``: its att_runs flags, found from those arrays (``batch_engine.batch_flags``);
+    ``events_relation``: its events off the device op lines (``$events`` of the stages after att_ops)."""
     stages = dict(load_stages())
     run_filter = f"run_id = {int(run_id)}"
     local = f"{prefix}h_"  # one batch's relations (TEMP, on the batch's cursor), replaced batch after batch
@@ -272,6 +291,11 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
 
     # pass 1: the run's flags, OR over the hosts
     def pass1(cur: duckdb.DuckDBPyConnection, i: int) -> None:
+        if flags_given is not None:
+            values = ", ".join(f"{'TRUE' if flags_given[f] else 'FALSE'} AS {f}" for f in RUN_FLAGS)
+            run(cur, "TABLE", part("att_runs", i),
+                f"SELECT CAST({int(run_id)} AS INTEGER) AS run_id, {values}", "att_runs")
+            return
         run(cur, "TABLE", part("att_runs", i), sql("att_runs", {}, batches[i]), "att_runs")
 
     in_threads(con, threads, len(batches), pass1)
@@ -289,7 +313,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     # att_programs reads att_ops only for program executions found through host launches
     programs_need_ops = bool(has_dev and not has_modules and not has_steps and not has_groups)
 
-    kinds = OpKinds(con, f"{shared}op_kinds", temp=False)
+    kinds = OpKinds(con, f"{shared}op_kinds", temp=False, batch=batch if len(batches) == 1 else None)
 
     def att_ops(cur: duckdb.DuckDBPyConnection, relation: dict[str, str],
                 host: tuple[str, str]) -> tuple[str, Any]:
@@ -312,6 +336,8 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             none = f"SELECT * FROM ({sql('att_ops', runs_rel, host)}) LIMIT 0"
             run(cur, "TEMP TABLE", ops, none, "att_ops")
         rel = {**runs_rel, "att_ops": ops}
+        if events_relation is not None:
+            rel["events"] = events_relation
         run(cur, "TABLE", part("att_programs", i), sql("att_programs", rel, host), "att_programs")
         cur.execute(f"DROP TABLE IF EXISTS {local}att_ops_none")
 
@@ -329,7 +355,9 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         rel = {**runs_rel, "att_programs_run": programs_run or f"{shared}att_programs"}
         # the batch engine (analyzer/batch_engine.py) where the ops are accelerator op lines
         engine = fast_path(flags) and engine_enabled() and not sweep_in_sql()
-        if engine:
+        if events_relation is not None:
+            rel["events"] = events_relation
+        elif engine:
             rel["events"] = off_op_line_events(cur, subs(rel, host), f"{local}events")
         ops = elem = None
         for name in stages:
@@ -370,23 +398,39 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         text = sql("op_steps", rel, host)
         rows_table = f"{op_rows}_{i}"
         try:
-            with template:  # (empty first: CREATE TABLE AS with the ASOF join plans far slower than INSERT)
-                if not _exists(cur, f"{op_rows}_template"):
-                    cur.execute(f"CREATE TABLE {op_rows}_template AS SELECT * FROM "
-                                f"({kind_of_op_steps(text, kinds.table)}) LIMIT 0")
-            cur.execute(f"CREATE OR REPLACE TABLE {rows_table} AS SELECT * FROM {op_rows}_template")
-            if engine and ops is not None:
+            if op_rows_sink is not None and engine and ops is not None:
+                # the rows go to the sink (a Parquet file), read here from memory for the partials
+                rows_arrow = op_steps_rows(cur, ops, rel["step_breakdown"])  # (collectives first)
+                sunk[i] = op_rows_sink(i, rows_arrow)
                 arrow = f"{local}op_steps_arrow"
-                cur.register(arrow, op_steps_rows(cur, ops, rel["step_breakdown"]))
+                cur.register(arrow, rows_arrow)
                 try:
-                    _append_op_rows(cur, rows_table, f"SELECT * FROM {arrow}")
+                    if on_batch is not None:
+                        on_batch(cur, f"({op_steps_select(arrow, kinds.table)})", i, rel["step_breakdown"])
                 finally:
                     cur.unregister(arrow)
             else:
-                with _op_rows(cur, text, f"{local}op_rows", kinds.table, rel) as rows:
-                    _append_op_rows(cur, rows_table, rows)
-            if on_batch is not None:
-                on_batch(cur, f"({op_steps_select(rows_table, kinds.table)})", i, rel["step_breakdown"])
+                # (empty first: CREATE TABLE AS with the ASOF join plans far slower than INSERT)
+                with template:
+                    if not _exists(cur, f"{op_rows}_template"):
+                        cur.execute(f"CREATE TABLE {op_rows}_template AS SELECT * FROM "
+                                    f"({kind_of_op_steps(text, kinds.table)}) LIMIT 0")
+                cur.execute(f"CREATE OR REPLACE TABLE {rows_table} AS SELECT * FROM {op_rows}_template")
+                if engine and ops is not None:
+                    arrow = f"{local}op_steps_arrow"
+                    cur.register(arrow, op_steps_rows(cur, ops, rel["step_breakdown"]))
+                    try:
+                        _append_op_rows(cur, rows_table, f"SELECT * FROM {arrow}")
+                    finally:
+                        cur.unregister(arrow)
+                else:
+                    with _op_rows(cur, text, f"{local}op_rows", kinds.table, rel) as rows:
+                        _append_op_rows(cur, rows_table, rows)
+                if on_batch is not None:
+                    on_batch(cur, f"({op_steps_select(rows_table, kinds.table)})", i, rel["step_breakdown"])
+                if op_rows_sink is not None:
+                    sunk[i] = op_rows_sink(i, cur.sql(f"SELECT * FROM {rows_table}").to_arrow_table())
+                    cur.execute(f"DROP TABLE {rows_table}")
         except duckdb.Error as exc:
             raise stage_error("op_steps", exc) from exc
         for name in stages:
@@ -395,6 +439,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         cur.execute(f"DROP TABLE IF EXISTS {local}op_rows")
         cur.execute(f"DROP TABLE IF EXISTS {local}events")
 
+    sunk: dict[int, str] = {}  # batch -> the sink's Parquet file of its op rows
     in_threads(con, threads, len(batches), pass3)
     con.execute(f"DROP TABLE IF EXISTS {op_rows}_template")
     relation = {name: f"{prefix}{name}" for name in KEPT_STAGES}
@@ -408,7 +453,11 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
     con.execute(f"CHECKPOINT {SCRATCH}")
 
     # the run's op_steps: its narrow op rows (a table per batch) joined to its op kinds (the stage's columns)
-    all_rows = "(" + " UNION ALL ".join(f"SELECT * FROM {op_rows}_{i}" for i in range(len(batches))) + ")"
+    if op_rows_sink is not None:
+        files = ", ".join(sql_literal(sunk[i]) for i in range(len(batches)))
+        all_rows = f"read_parquet([{files}], hive_partitioning = false)"
+    else:
+        all_rows = "(" + " UNION ALL ".join(f"SELECT * FROM {op_rows}_{i}" for i in range(len(batches))) + ")"
     op_steps = f"{prefix}op_steps"
     con.execute(f"CREATE OR REPLACE TEMP VIEW {op_steps} AS {op_steps_select(all_rows, kinds.table)}")
     relation["op_steps"] = op_steps

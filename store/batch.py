@@ -40,6 +40,8 @@ from tpuanalyze.store.load import (
 )
 from tpuanalyze.store.parts import HOST_TABLES, HostParts, group_part_dir
 
+# Entries of a dense lookup table (host, plane, line) -> flag, above which a sorted search is used
+LOOKUP_LIMIT = 1 << 22
 _ARROW_OF = {"INTEGER": "int32", "BIGINT": "int64", "UBIGINT": "uint64", "DOUBLE": "float64",
              "VARCHAR": "string", "JSON": "string", "BOOLEAN": "bool_"}
 
@@ -65,6 +67,30 @@ class _Kept(_Parts):
         if len(self.pending) > 1:
             self.pending = [_concat(self.pending)]
         return self.pending[0]
+
+
+class _KeptMetadata(_Kept):
+    """``event_metadata`` kept, with each plane's block of rows and which table it is: the reader hands
+    the planes (and hosts) whose metadata tables are the same bytes one table object (parsers/
+    xspace.py), so blocks of one object hold the same rows, and an op's kind is a function of its line,
+    its block's table and its metadata id (analyzer/op_arrays.py)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.blocks: list[tuple[str, int, int, int, int]] = []  # host, plane, table, first row, rows
+        self._tables: dict[int, int] = {}  # id(the table's metadata_id array) -> table number
+        self._alive: list[np.ndarray] = []  # (the arrays whose ids number the tables stay alive)
+
+    def add(self, columns: dict[str, np.ndarray], host: str) -> None:
+        rows = len(next(iter(columns.values())))
+        if rows:
+            ids = columns["metadata_id"]
+            table = self._tables.setdefault(id(ids), len(self._tables))
+            if table == len(self._alive):
+                self._alive.append(ids)
+            plane = int(columns["plane_index"][0])
+            self.blocks.append((host, plane, table, self.rows, rows))
+        super().add(columns, host)
 
 
 class _KeptDetails(_Kept, _Details):
@@ -99,7 +125,7 @@ class BatchTables:
         dropped = {table: ("run_id",) for table in HOST_TABLES}
         self._writer = TablesWriter(con, dict.fromkeys(HOST_TABLES), dropped)
         for table in HOST_TABLES:
-            cls = _KeptDetails if table == "event_details" else _Kept
+            cls = {"event_details": _KeptDetails, "event_metadata": _KeptMetadata}.get(table, _Kept)
             self._writer.parts[table] = cls(con, table, None, dropped[table],
                                             FLUSH_EVENTS if table in EVENT_PART_TABLES else FLUSH_PLANE_ROWS,
                                             "snappy")
@@ -120,6 +146,11 @@ class BatchTables:
 
     def host_names(self, table: str) -> list[str]:
         return list(self._writer.parts[table].hosts)
+
+    def metadata_blocks(self) -> list[tuple[str, int, int, int, int]]:
+        """Each plane's block of ``event_metadata`` rows: (host, plane_index, table number, first row,
+        rows); blocks of one table number hold the same rows (``_KeptMetadata``)."""
+        return list(self._writer.parts["event_metadata"].blocks)  # type: ignore[attr-defined]
 
     def arrow(self, table: str, run_id: int, rows: np.ndarray | None = None) -> Any:
         """The table's rows (``rows``: positions, default all) as Arrow with the database's columns and
@@ -190,11 +221,20 @@ class BatchTables:
             return np.zeros(len(events["host_code"]), bool)
         event_hosts = self.host_names("event_rows")
         code = {h: i for i, h in enumerate(event_hosts)}
-        keys = np.array([(code[h] << 42) | (p << 21) | i for h, p, i in op_lines if h in code],
-                        dtype=np.int64)
-        packed = ((events["host_code"].astype(np.int64) << 42)
-                  | (events["plane_index"].astype(np.int64) << 21) | events["line_index"].astype(np.int64))
-        return np.isin(packed, keys)
+        found = [(code[h], p, i) for h, p, i in op_lines if h in code]
+        host, plane, line = (events["host_code"].astype(np.int64), events["plane_index"].astype(np.int64),
+                             events["line_index"].astype(np.int64))
+        n_plane, n_line = int(plane.max()) + 1, int(line.max()) + 1
+        dense = len(event_hosts) * n_plane * n_line <= LOOKUP_LIMIT
+        if dense and int(plane.min()) >= 0 and int(line.min()) >= 0:
+            # a flag per (host, plane, line): one gather per event
+            table = np.zeros(len(event_hosts) * n_plane * n_line, bool)
+            for h, p, i in found:
+                if p < n_plane and i < n_line:
+                    table[(h * n_plane + p) * n_line + i] = True
+            return table[(host * n_plane + plane) * n_line + line]
+        keys = np.array([(h << 42) | (p << 21) | i for h, p, i in found], dtype=np.int64)
+        return np.isin((host << 42) | (plane << 21) | line, keys)
 
     def off_op_lines(self) -> Callable[[str, dict[str, np.ndarray]], np.ndarray | None]:
         """``write_parts``' ``keep`` leaving out the events of device op lines, their details, and the
@@ -223,8 +263,8 @@ class BatchTables:
                 op_planes = np.stack([ev_host[on_op_line], events["plane_index"][on_op_line]])
                 md = np.stack([columns["host_code"].astype(np.int64), columns["plane_index"].astype(np.int64),
                                columns["metadata_id"].astype(np.int64)])
-                referenced = _in_columns(md, named)
-                on_op_plane = _in_columns(md[:2], op_planes)
+                referenced = columns_in(md, named)
+                on_op_plane = columns_in(md[:2], op_planes)
                 return referenced | ~on_op_plane
             return None
 
@@ -264,7 +304,7 @@ class BatchTables:
         return self.hosts
 
 
-def _in_columns(rows: np.ndarray, table: np.ndarray) -> np.ndarray:
+def columns_in(rows: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Whether each column of ``rows`` (k x n ints >= 0) is a column of ``table`` (k x m ints >= 0):
     on one packed integer per column where the values fit, else row by row in Python."""
     if not table.shape[1] or not rows.shape[1]:

@@ -282,7 +282,7 @@ def map_hosts(task: MapTask) -> Mapped:
         batch.register(con, MAP_RUN_ID)
         op_rows = Path(load.staging) / "op_rows" / f"batch-{task.index}.parquet"
         op_rows.parent.mkdir(parents=True, exist_ok=True)
-        result = map_batch(con, MAP_RUN_ID, task.config, task.index, op_rows, task.programs_run)
+        result = map_batch(con, MAP_RUN_ID, task.config, task.index, op_rows, task.programs_run, batch)
         return Mapped(parts=hosts, result=result)
     finally:
         con.close()
