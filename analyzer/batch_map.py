@@ -63,15 +63,17 @@ class BatchResult:
 def _fetch(con: duckdb.DuckDBPyConnection, relation: str, result: BatchResult, key: str) -> Any:
     """``relation``'s rows as Arrow, its DuckDB column types kept in ``result.types[key]`` (Arrow has
     no HUGEINT: the reduce casts the columns back)."""
-    result.types[key] = [(r[0], r[1]) for r in con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()]
-    return con.sql(f"SELECT * FROM {relation}").to_arrow_table()
+    con.execute("SELECT 1").fetchall()  # (a relation cannot run while an execute() result is unfinished)
+    rel = con.sql(f"SELECT * FROM {relation}")
+    result.types[key] = [(name, str(kind)) for name, kind in zip(rel.columns, rel.types, strict=True)]
+    return rel.to_arrow_table()
 
 
 def dominant_program(con: duckdb.DuckDBPyConnection, programs: str) -> str | None:
     """The dominant program of the program executions in ``programs`` (stage att_steps' rule)."""
-    row = con.execute(f"SELECT arg_max(program, total_ps) FROM (SELECT program, sum(end_ps - start_ps) AS "
-                      f"total_ps FROM {programs} WHERE NOT named_eval GROUP BY ALL)").fetchone()
-    return row[0] if row else None
+    rows = con.execute(f"SELECT arg_max(program, total_ps) FROM (SELECT program, sum(end_ps - start_ps) AS "
+                       f"total_ps FROM {programs} WHERE NOT named_eval GROUP BY ALL)").fetchall()
+    return rows[0][0] if rows else None
 
 
 def map_batch(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any], index: int,
@@ -81,7 +83,8 @@ def map_batch(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any
     ``programs_run``: the run's program executions (an Arrow table of att_programs' columns) when the
     batch's own dominant program was not the run's. ``batch``: the rows in memory the connection's
     base tables are (``store.batch.BatchTables``), for the op rows made from its arrays."""
-    hosts = con.execute("SELECT min(host), max(host) FROM planes WHERE run_id = ?", [int(run_id)]).fetchone()
+    hosts = con.execute("SELECT min(host), max(host) FROM planes WHERE run_id = ?",
+                        [int(run_id)]).fetchall()[0]
     keep_warmup = bool(config["warmup"].get("keep"))
     base = int(index) << KIND_ID_BITS
     with scratch_database(con):
@@ -141,7 +144,7 @@ def map_batch(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any
         if flags and flags["has_modules_line"]:
             skip.add("module_op_time")
         updates = f"SELECT count(*) FROM {rel['op_kinds']} WHERE category = 'weight_update'"
-        if con.execute(updates).fetchone()[0]:
+        if con.execute(updates).fetchall()[0][0]:
             skip.add("event_names")
         result.partials = event_partials.compute(con, run_id, tuple(n for n in event_partials.MAP_SQL
                                                                     if n not in skip))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import duckdb
 from tpuanalyze.analyzer.collectives import CollectivePartials
 from tpuanalyze.analyzer.input import infeed_sql
-from tpuanalyze.analyzer.ops import ops_partial_sql
+from tpuanalyze.analyzer.ops import ops_partial_narrow_sql, ops_partial_sql
 from tpuanalyze.analyzer.per_host import SCRATCH, concat_tables
 
 
@@ -30,11 +30,14 @@ class BatchReduce:
         return f"{SCRATCH}.{self._prefix}b{index}_{key}"
 
     def add_batch(self, con: duckdb.DuckDBPyConnection, op_rows: str, index: int,
-                  steps: str | None = None) -> None:
+                  steps: str | None = None, narrow: tuple[str, str] | None = None) -> None:
         """Add batch ``index``'s op rows (a relation with op_steps' columns) into its partial tables
         (in the scratch database: the caller's connection reads them); ``steps``, the batch's
-        step_breakdown, names the warm-up steps the collectives leave out."""
-        selects = {"ops_parts": ops_partial_sql(self.run_id, op_rows), "infeed_parts": infeed_sql(op_rows)}
+        step_breakdown, names the warm-up steps the collectives leave out; ``narrow``: the same rows
+        as (narrow rows, kinds), which the top ops' partial sums read (grouped on integers first)."""
+        ops = (ops_partial_sql(self.run_id, op_rows) if narrow is None
+               else ops_partial_narrow_sql(self.run_id, *narrow))
+        selects = {"ops_parts": ops, "infeed_parts": infeed_sql(op_rows)}
         for key, select in selects.items():
             con.execute(f"CREATE OR REPLACE TABLE {self._part(key, index)} AS {select}")
         partials = CollectivePartials()

@@ -68,7 +68,7 @@ def compute(con: duckdb.DuckDBPyConnection, run_id: int, names: tuple[str, ...] 
     Arrow tables with their DuckDB column types: name -> (table, [(column, type)])."""
     out = {}
     for name in names:
-        sql = map_sql(name, run_id)
-        types = [(r[0], r[1]) for r in con.execute(f"DESCRIBE {sql}").fetchall()]
-        out[name] = (con.sql(sql).to_arrow_table(), types)
+        con.execute("SELECT 1").fetchall()  # (a relation cannot run while an execute() result is unfinished)
+        rel = con.sql(map_sql(name, run_id))
+        out[name] = (rel.to_arrow_table(), [(c, str(t)) for c, t in zip(rel.columns, rel.types, strict=True)])
     return out

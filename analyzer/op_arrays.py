@@ -258,13 +258,10 @@ ORDER BY y.key_index""").fetchnumpy()
         "group_id": pa.array(group_id.astype(np.int64), mask=group_id_null),
         "correlation_id": pa.array(correlation_id.astype(np.int64), mask=correlation_id_null),
     })
-    arrow = f"{local}op_rows_arrow"
-    con.register(arrow, table)
-    try:
-        cols = ", ".join(f"CAST({c} AS {t}) AS {c}" for c, t in ROW_TYPES)
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {rows} AS SELECT {cols} FROM {arrow}")
-    finally:
-        con.unregister(arrow)
+    # registered, not copied: its Arrow types are the rows table's (ROW_TYPES; dictionaries read as VARCHAR)
+    con.unregister(rows)  # (the rows of an earlier pass)
+    con.execute(f"DROP TABLE IF EXISTS {rows}")
+    con.register(rows, table)
     # each op line's device, as an index into the batch's sorted devices
     line_devices = [(str(h), None if null else int(d)) for h, d, null in
                     zip(lines.host.tolist(), lines.device.tolist(), lines.device_null.tolist(), strict=True)]

@@ -42,6 +42,22 @@ ROW_COLUMNS = ("run_id", "host", "device", "kind_id", "collective_kind", "start_
 ATT_OPS_COLUMNS = ("run_id", "host", "device", "line", "name", "short_name", "hlo_category", "hlo_module",
                    "tf_op", "shape", "flops", "bytes_accessed", "start_ps", "duration_ps", "collective_kind",
                    "category", "is_container", "wrapped", "host_transfer", "group_id", "correlation_id")
+# stage att_ops' column types (an empty att_ops needs no planning of the stage: per_host's pass 2)
+ATT_OPS_TYPES = {"run_id": "INTEGER", "host": "VARCHAR", "device": "INTEGER", "line": "VARCHAR",
+                 "name": "VARCHAR", "short_name": "VARCHAR", "hlo_category": "VARCHAR",
+                 "hlo_module": "VARCHAR",
+                 "tf_op": "VARCHAR", "shape": "VARCHAR", "flops": "DOUBLE", "bytes_accessed": "DOUBLE",
+                 "start_ps": "BIGINT", "duration_ps": "BIGINT", "collective_kind": "VARCHAR",
+                 "category": "VARCHAR", "is_container": "BOOLEAN", "wrapped": "VARCHAR",
+                 "host_transfer": "BOOLEAN", "group_id": "BIGINT", "correlation_id": "BIGINT"}
+
+
+def empty_att_ops() -> str:
+    """A SELECT of no rows with stage att_ops' columns and types."""
+    columns = ", ".join(f"CAST(NULL AS {ATT_OPS_TYPES[c]}) AS {c}" for c in ATT_OPS_COLUMNS)
+    return f"SELECT {columns} LIMIT 0"
+
+
 # stage op_steps' columns, in its order; the narrow op rows of the scratch file hold the OP_STEPS_OWN
 OP_STEPS_COLUMNS = ("run_id", "host", "device_ordinal", "short_name", "name", "category", "collective_kind",
                     "hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed", "start_ps",

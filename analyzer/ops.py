@@ -34,6 +34,35 @@ def ops_partial_sql(run_id: int, op_rows: str) -> str:
             FROM o GROUP BY short_name, hlo_module, tf_op"""
 
 
+def ops_partial_narrow_sql(run_id: int, rows: str, kinds: str) -> str:
+    """``ops_partial_sql``'s rows from narrow op rows (op_kinds.OP_STEPS_OWN) and their kinds: counted
+    and summed per kind and device first, so the million rows of a batch are grouped on integers and
+    only the sums meet the kinds' strings (the FLOPs and bytes of a kind are its rows' times their
+    count: equal to the row-by-row sums but for the last digits)."""
+    return f"""WITH peaks AS (
+                SELECT host, device_ordinal, max(peak_tflops) * 1e12 AS peak_flops
+                FROM planes WHERE run_id = {int(run_id)} AND device_ordinal IS NOT NULL GROUP BY ALL
+            ), per_kind AS (
+                SELECT kind_id, host, device_ordinal, count(*) AS n, sum(duration_ps) AS duration_ps
+                FROM {rows} WHERE step_start IS NOT NULL GROUP BY ALL
+            ), o AS (
+                SELECT k.short_name, k.hlo_module, k.hlo_category,
+                       coalesce(k.collective_kind, k.category) AS kind,
+                       k.category, k.tf_op, c.n, c.duration_ps, k.flops * c.n AS flops,
+                       k.bytes_accessed * c.n AS bytes_accessed, c.duration_ps * p.peak_flops AS duration_peak
+                FROM per_kind c JOIN {kinds} k USING (kind_id)
+                LEFT JOIN peaks p ON p.host = c.host AND p.device_ordinal = c.device_ordinal
+                WHERE NOT k.is_container AND k.line <> 'Async XLA Ops'
+            )
+            SELECT short_name, hlo_module, tf_op, CAST(sum(n) AS BIGINT) AS n,
+                   sum(duration_ps) AS duration_ps,
+                   sum(flops) AS flops, sum(bytes_accessed) AS bytes_accessed,
+                   sum(duration_peak) AS duration_peak,
+                   any_value(category) AS category, any_value(kind) AS kind,
+                   any_value(hlo_category) AS hlo_category
+            FROM o GROUP BY short_name, hlo_module, tf_op"""
+
+
 def ops_frame(con: duckdb.DuckDBPyConnection, run_id: int, rel: dict[str, str]) -> pd.DataFrame:
     """One row per op name (and module) over the train and eval steps, most self time first.
 

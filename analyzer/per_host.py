@@ -57,7 +57,14 @@ from tpuanalyze.analyzer.batch_engine import (
     sweep_batch,
 )
 from tpuanalyze.analyzer.classify import sql_literal
-from tpuanalyze.analyzer.op_kinds import OP_STEPS_OWN, OpKinds, fast_path, kind_of_op_steps, op_steps_select
+from tpuanalyze.analyzer.op_kinds import (
+    OP_STEPS_OWN,
+    OpKinds,
+    empty_att_ops,
+    fast_path,
+    kind_of_op_steps,
+    op_steps_select,
+)
 from tpuanalyze.analyzer.sweep import OpSteps, sweep_in_sql
 
 # Stages whose per-host rows are kept for the run (TEMP tables); the rest live per host only.
@@ -122,9 +129,9 @@ def concat_tables(con: duckdb.DuckDBPyConnection, target: str, parts: list[str],
 
 
 # The reduce-side hook: called with each batch's op rows (a relation with op_steps' columns), the
-# batch's index and its step_breakdown relation, on the cursor that made them (any thread: partials are
-# combined in batch order after).
-BatchHook = Callable[[duckdb.DuckDBPyConnection, str, int, str], None]
+# batch's index, its step_breakdown relation and its op rows as (narrow rows, kinds), on the cursor that
+# made them (any thread: partials are combined in batch order after).
+BatchHook = Callable[[duckdb.DuckDBPyConnection, str, int, str, tuple[str, str]], None]
 
 # Batches attributed at once, each on its own cursor in a thread of its own: DuckDB runs a statement
 # without Python's lock, and one batch's statements keep only ~1.5 of two cores busy (single-threaded
@@ -333,8 +340,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
             ops = att_ops(cur, runs_rel, host)[0]
         else:
             ops = f"{local}att_ops_none"
-            none = f"SELECT * FROM ({sql('att_ops', runs_rel, host)}) LIMIT 0"
-            run(cur, "TEMP TABLE", ops, none, "att_ops")
+            run(cur, "TEMP TABLE", ops, empty_att_ops(), "att_ops")
         rel = {**runs_rel, "att_ops": ops}
         if events_relation is not None:
             rel["events"] = events_relation
@@ -406,7 +412,8 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
                 cur.register(arrow, rows_arrow)
                 try:
                     if on_batch is not None:
-                        on_batch(cur, f"({op_steps_select(arrow, kinds.table)})", i, rel["step_breakdown"])
+                        on_batch(cur, f"({op_steps_select(arrow, kinds.table)})", i, rel["step_breakdown"],
+                                 (arrow, kinds.table))
                 finally:
                     cur.unregister(arrow)
             else:
@@ -427,7 +434,8 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
                     with _op_rows(cur, text, f"{local}op_rows", kinds.table, rel) as rows:
                         _append_op_rows(cur, rows_table, rows)
                 if on_batch is not None:
-                    on_batch(cur, f"({op_steps_select(rows_table, kinds.table)})", i, rel["step_breakdown"])
+                    on_batch(cur, f"({op_steps_select(rows_table, kinds.table)})", i, rel["step_breakdown"],
+                             (rows_table, kinds.table))
                 if op_rows_sink is not None:
                     sunk[i] = op_rows_sink(i, cur.sql(f"SELECT * FROM {rows_table}").to_arrow_table())
                     cur.execute(f"DROP TABLE {rows_table}")
@@ -436,7 +444,7 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
         for name in stages:
             kind = "VIEW" if name == "att_programs" else LOCAL_KIND.get(name, "TABLE")
             cur.execute(f"DROP {kind} IF EXISTS {local}{name}")
-        cur.execute(f"DROP TABLE IF EXISTS {local}op_rows")
+        drop_relation(cur, f"{local}op_rows")  # (a table, or the registered rows of op_arrays)
         cur.execute(f"DROP TABLE IF EXISTS {local}events")
 
     sunk: dict[int, str] = {}  # batch -> the sink's Parquet file of its op rows
@@ -468,6 +476,15 @@ def materialize_per_host(con: duckdb.DuckDBPyConnection, run_id: int, config: di
                 f"SELECT *, device_ordinal AS device FROM {op_steps}")
     relation["att_ops"] = f"{prefix}att_ops_all"
     return relation
+
+
+def drop_relation(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    """Drop TEMP table or view ``name`` (a registered Arrow table is a view), if it exists."""
+    kinds = con.execute("SELECT 'VIEW' FROM duckdb_views() WHERE view_name = ? AND temporary UNION ALL "
+                        "SELECT 'TABLE' FROM duckdb_tables() WHERE table_name = ? AND temporary",
+                        [name, name]).fetchall()
+    for (kind,) in kinds:
+        con.execute(f"DROP {kind} IF EXISTS {name}")
 
 
 def _exists(con: duckdb.DuckDBPyConnection, qualified: str) -> bool:

@@ -501,10 +501,21 @@ _STAT_WIRE = {2: 1, 3: 0, 4: 0, 5: 2, 6: 2, 7: 0}
 
 
 def _labels(ids: np.ndarray, names: dict[int, str], prefix: str) -> np.ndarray:
-    """Int ids -> object array of names (one Python lookup per distinct id)."""
+    """Int ids -> object array of names (one Python lookup per distinct id; the distinct ids found
+    through a table of ids where they are small, as stat metadata ids are, else a sort)."""
+    if len(ids) and 0 <= int(ids.min()) and int(ids.max()) < _LABEL_TABLE:
+        present = np.zeros(int(ids.max()) + 1, bool)
+        present[ids] = True
+        uniq = np.flatnonzero(present)
+        position = np.cumsum(present) - 1
+        labels = text_column([names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq.tolist()])
+        return labels[position[ids]]
     uniq, inverse = np.unique(ids, return_inverse=True)
     labels = text_column([names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq])
     return labels[inverse.reshape(-1)]
+
+
+_LABEL_TABLE = 1 << 16  # ids below this are found through a presence table (_labels)
 
 
 def _stat_values(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -218,10 +218,19 @@ def factorize(values: np.ndarray) -> tuple[list[Any], np.ndarray]:
     """(distinct values in order of first appearance, each row's code into them) of an object
     array of a few distinct names. Why not ``np.unique``: sorting Python strings cost ~1 us a row
     (a pod host's stat keys: 50 ms); a dict lookup a row costs a tenth of that."""
+    if len(values) >= FACTORIZE_WITH_PANDAS:  # pandas hashes in C: a pod batch's stat keys 2x faster
+        import pandas as pd
+
+        codes, uniques = pd.factorize(values, use_na_sentinel=False)
+        names = [None if isinstance(u, float) and u != u else u for u in uniques]  # (pandas' None: NaN)
+        return names, codes.astype(np.int64, copy=False)
     index: dict[Any, int] = {}
     code = index.setdefault
     codes = np.array([code(value, len(index)) for value in values.tolist()], dtype=np.int64)
     return list(index), codes
+
+
+FACTORIZE_WITH_PANDAS = 65_536  # rows from which factorize hashes with pandas (imported once, ~0.3 s)
 
 
 # Text that DuckDB's to_json writes as is between quotes (printable ASCII but quote and backslash).
@@ -326,8 +335,12 @@ def _typed_columns(stats: Columns, n: int) -> tuple[Columns, np.ndarray]:
             if not len(rows):
                 continue
             typed_rows[rows] = True
-            backwards = np.arange(len(rows) - 1, -1, -1)
-            last = backwards[np.unique(owner[rows][backwards], return_index=True)[1]]  # last per event
+            owners = owner[rows]
+            if len(owners) < 2 or (owners[1:] >= owners[:-1]).all():  # in event order: each event's last
+                last = np.flatnonzero(np.append(owners[1:] != owners[:-1], True))
+            else:
+                backwards = np.arange(len(rows) - 1, -1, -1)
+                last = backwards[np.unique(owners[backwards], return_index=True)[1]]  # last per event
             full[owner[rows[last]]] = values[last]
             ok[owner[rows[last]]] = True
         columns[column] = full

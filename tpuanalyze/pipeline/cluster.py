@@ -34,7 +34,18 @@ from pathlib import Path
 from typing import Any
 
 from tpuanalyze.errors import TpuAnalyzeError
-from tpuanalyze.pipeline.tasks import HostInput, Loaded, LoadTask, Probe, forget_kept, load_host, probe_host
+from tpuanalyze.pipeline.tasks import (
+    HostInput,
+    Loaded,
+    LoadTask,
+    Mapped,
+    MapTask,
+    Probe,
+    forget_kept,
+    load_host,
+    map_hosts,
+    probe_host,
+)
 
 INSTALL_HINT = "pip install 'tpuanalyze[cluster]'"
 # Seconds to reach the scheduler, then for a first worker to be connected to it (a cluster being
@@ -88,6 +99,45 @@ def load_host_shipped(task: LoadTask) -> ShippedParts:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+@dataclasses.dataclass
+class ShippedMap:
+    """A map task's result as it travels back from a worker (``ShippedParts``' way): the result, and
+    its files' bytes (its parts and its op rows' Parquet file) by their paths in the client's staging."""
+
+    mapped: Mapped
+    blobs: dict[str, bytes]
+
+
+def map_hosts_shipped(task: MapTask) -> ShippedMap:
+    """``map_hosts`` on a worker, into a scratch folder of the worker's own; its parts and op rows come
+    back as bytes (the scratch folder is removed)."""
+    scratch = tempfile.mkdtemp(prefix="tpuanalyze-map-")
+    try:
+        load = dataclasses.replace(task.load, staging=scratch, compact=True)
+        mapped = map_hosts(dataclasses.replace(task, load=load))
+
+        def ship(path: str) -> str:
+            target = str(Path(task.load.staging) / Path(path).relative_to(scratch))
+            blobs[target] = Path(path).read_bytes()
+            return target
+
+        blobs: dict[str, bytes] = {}
+        for host in mapped.parts or []:
+            for table, paths in host.files.items():
+                host.files[table] = [ship(path) for path in paths]
+        if mapped.result is not None and mapped.result.op_rows:
+            mapped.result.op_rows = ship(mapped.result.op_rows)
+        return ShippedMap(mapped, blobs)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def unpack_map(shipped: ShippedMap) -> Mapped:
+    """Write a shipped map task's files where the client's staging folder expects them."""
+    unpack_parts(ShippedParts(Loaded(), shipped.blobs))
+    return shipped.mapped
+
+
 def unpack_parts(shipped: ShippedParts) -> Loaded:
     """Write a shipped host's parts where the client's staging folder expects them."""
     for target, data in shipped.blobs.items():
@@ -112,7 +162,8 @@ def probe_host_unkept(item: HostInput) -> Probe:
 
 # Tasks that keep state or write files on the worker, and how they run on a cluster instead: the
 # variant to run there, and what turns its result into the original task's (None: as it is).
-SHIPPED = {load_host: (load_host_shipped, unpack_parts), probe_host: (probe_host_unkept, None)}
+SHIPPED = {load_host: (load_host_shipped, unpack_parts), probe_host: (probe_host_unkept, None),
+           map_hosts: (map_hosts_shipped, unpack_map)}
 
 
 class DaskExecutor(concurrent.futures.Executor):

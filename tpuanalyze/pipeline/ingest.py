@@ -438,6 +438,21 @@ def _load_groups(run_probes: list[Probe], run_hosts: list[HostInput], cap: int) 
     return groups
 
 
+# Events of the hosts one map task (a load that also attributes its batch, ``_map_all``) reads
+# together at most: its worker holds the batch's rows and their attribution at once (~600 bytes an
+# event at the peak: a 1M-event batch took a worker to 0.89 GB, 640K to ~0.7 GB), and each task
+# pays ~0.25 CPU s of fixed statements, so a cluster's tasks take several small hosts too.
+MAP_GROUP_EVENTS = 640_000
+
+
+def _map_group_cap(probes: list[list[Probe]], workers: int) -> int:
+    """``_group_cap`` for map tasks: ``MAP_GROUP_EVENTS``, less when the pool has few tasks per
+    worker, and ``MAP_GROUP_EVENTS`` on a caller's executor (a cluster) too."""
+    if workers < 1:
+        return MAP_GROUP_EVENTS
+    return min(MAP_GROUP_EVENTS, _group_cap(probes, workers) or MAP_GROUP_EVENTS)
+
+
 def _group_cap(probes: list[list[Probe]], workers: int) -> int:
     """The events a load task may take: ``GROUP_EVENTS``, less when the pool has few tasks per
     worker; 0 (a task per host) on a caller's executor (a cluster: its size unknown here)."""
@@ -500,7 +515,7 @@ def _map_all(
     the database). Returns each run's tasks' results and each run's batch results (or None)."""
     tasks: list[MapTask] = []
     per_run: list[int] = []
-    cap = _group_cap(probes, workers)
+    cap = _map_group_cap(probes, workers)
     for run_index, (source, run_hosts, run_probes, t0) in enumerate(
             zip(sources, hosts, probes, t0s, strict=True)):
         run_staging = str(staging / f"run-{run_index}")
