@@ -43,8 +43,9 @@ from tpuanalyze.analyzer.sweep import (
     _sweep,
     sort_points,
 )
-from tpuanalyze.store.batch import columns_in
 from tpuanalyze.store.database import events_select
+
+from tpuanalyze.keys import columns_in
 
 # the stages the engine builds from arrays (the others run their SQL)
 ENGINE_STAGES = ("att_intervals", "att_elementary", "step_breakdown", "collective_time", "op_steps")

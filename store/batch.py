@@ -40,6 +40,8 @@ from tpuanalyze.store.load import (
 )
 from tpuanalyze.store.parts import HOST_TABLES, HostParts, group_part_dir
 
+from tpuanalyze.keys import columns_in
+
 # Entries of a dense lookup table (host, plane, line) -> flag, above which a sorted search is used
 LOOKUP_LIMIT = 1 << 22
 _ARROW_OF = {"INTEGER": "int32", "BIGINT": "int64", "UBIGINT": "uint64", "DOUBLE": "float64",
@@ -302,20 +304,3 @@ class BatchTables:
         self.hosts[0].files.update({t: f for t, f in files.items() if f})
         self.hosts[0].group = [h.host for h in self.hosts]
         return self.hosts
-
-
-def columns_in(rows: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Whether each column of ``rows`` (k x n ints >= 0) is a column of ``table`` (k x m ints >= 0):
-    on one packed integer per column where the values fit, else row by row in Python."""
-    if not table.shape[1] or not rows.shape[1]:
-        return np.zeros(rows.shape[1], bool)
-    bits = [max(int(rows[i].max()), int(table[i].max()), 0).bit_length() for i in range(rows.shape[0])]
-    if sum(bits) <= 62 and int(rows.min()) >= 0 and int(table.min()) >= 0:
-        def packed(values: np.ndarray) -> np.ndarray:
-            key = np.zeros(values.shape[1], np.int64)
-            for i, width in enumerate(bits):
-                key = (key << width) | values[i].astype(np.int64)
-            return key
-        return np.isin(packed(rows), packed(table))
-    known = set(map(tuple, table.T.tolist()))
-    return np.array([tuple(c) in known for c in rows.T.tolist()], dtype=bool)

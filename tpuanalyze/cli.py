@@ -67,16 +67,37 @@ _SIGTERM_RECEIVED = threading.Event()
 _SIGINT_RECEIVED = threading.Event()
 
 
+def _in_ignored_context(frame: object) -> bool:
+    """Whether the signal landed in code whose exceptions Python prints and ignores (a weakref
+    callback of the import machinery's module locks, a ``__del__``): raised there, the exception would
+    print a traceback and be lost."""
+    code = getattr(frame, "f_code", None)
+    if code is None:
+        return False
+    return code.co_name == "__del__" or (code.co_name == "cb" and "importlib" in code.co_filename)
+
+
+def _again_soon(signum: int) -> None:
+    """Send ``signum`` to this process again in a moment (out of the context that could not take it)."""
+    threading.Timer(0.02, os.kill, (os.getpid(), signum)).start()
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     # Remembered first: when the signal lands inside a DuckDB query, DuckDB swallows this exception
     # and raises its own "interrupted" error, which must still exit 143, not 130.
     _SIGTERM_RECEIVED.set()
+    if _in_ignored_context(frame):
+        _again_soon(signum)
+        return
     raise _Terminated()
 
 
 def _on_sigint(signum: int, frame: object) -> None:
     # As for SIGTERM: an error that a swallowed KeyboardInterrupt leaves behind is still Ctrl-C.
     _SIGINT_RECEIVED.set()
+    if _in_ignored_context(frame):
+        _again_soon(signum)
+        return
     raise KeyboardInterrupt()
 
 
