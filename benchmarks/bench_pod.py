@@ -7,8 +7,11 @@ the same pod, N of its hosts written, so every host file holds the same work) is
 the cache folder and reused by later runs. Each measured job runs in its own child process, timed and
 measured alone (wall seconds, CPU seconds and peak RSS from ``os.wait4``):
 
-- ``report DIR``: ours end to end from the raw files (ingest + analysis), the database kept in the cache;
-- ``report DB``: ours, the analysis alone on that database (the report's share of the work);
+- ``report DIR``: ours end to end from the raw files, as users run it (its temporary database); with
+  ``--baseline``, the other build's too, and whether the two JSON documents are the same;
+- ``ingest DIR --db``: the files into a database kept in the cache (every event stored);
+- ``report DB``: ours, the analysis alone on that database (the analysis of a database ingested before),
+  and whether its JSON is ``report DIR``'s;
 - XProf: ``xspace_to_tool_data(files, 'overview_page')`` (what ``xprof get_overview`` computes) in the
   XProf venv, on symbolic links to the run's files in a scratch folder, since XProf writes its cache
   (``ALL_HOSTS.op_stats_v2.pb``) beside the files it reads.
@@ -121,16 +124,33 @@ def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool, baseline: s
     row: dict = {"hosts": hosts, "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
     exe = tpuanalyze_exe()
     with tempfile.TemporaryDirectory(prefix="bench_pod-") as tmp:
+        if not reuse_db:
+            # report DIR as users run it: from the raw files, into its temporary database
+            print(f"[{hosts} hosts] report DIR ...", flush=True)
+            row["e2e"] = measure([exe, "report", str(run_dir), "--json", f"{tmp}/e2e.json", "-q",
+                                  "--no-progress"])
+            e2e_json = json.loads(Path(f"{tmp}/e2e.json").read_text())
+            if baseline and hosts <= baseline_max_hosts:
+                print(f"[{hosts} hosts] report DIR with the baseline build ...", flush=True)
+                row["baseline_e2e"] = measure([baseline, "report", str(run_dir), "--json",
+                                               f"{tmp}/base_e2e.json", "-q", "--no-progress"])
+                differences = json_differences(json.loads(Path(f"{tmp}/base_e2e.json").read_text()),
+                                               e2e_json)
+                row["same_e2e_json_as_baseline"] = not differences
+                row["e2e_json_differences"] = differences[:20]
         if not (reuse_db and db.exists()):
             db.unlink(missing_ok=True)
-            print(f"[{hosts} hosts] report DIR ...", flush=True)
-            row["e2e"] = measure([exe, "report", str(run_dir), "--db", str(db), "--json",
-                                  f"{tmp}/e2e.json", "-q", "--no-progress"])
+            print(f"[{hosts} hosts] ingest DIR --db ...", flush=True)
+            row["ingest"] = measure([exe, "ingest", str(run_dir), "--db", str(db), "--no-progress"])
         row["events"] = run_events(db)
         print(f"[{hosts} hosts] report DB ...", flush=True)
         row["analysis"] = analysis_job(exe, db, Path(tmp) / "analysis.json")
         document = row["analysis"].pop("json")
         row["breakdown"] = document["runs"][0]["breakdown"]
+        if "e2e" in row:  # the map's report and the database's report are the same
+            differences = json_differences(document, e2e_json)
+            row["same_json_dir_and_db"] = not differences
+            row["dir_db_json_differences"] = differences[:20]
         if baseline and hosts <= baseline_max_hosts:
             print(f"[{hosts} hosts] report DB with the baseline build ...", flush=True)
             row["baseline_analysis"] = analysis_job(baseline, db, Path(tmp) / "baseline.json")
@@ -155,27 +175,30 @@ def _cell(job: dict | None) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown table: each job's wall and CPU seconds and peak RSS, ours / XProf (CPU seconds: the
-    fair basis on a loaded shared machine), per-event CPU cost against the smallest run."""
-    def cpu(r: dict, job: str) -> float | None:
-        return r[job]["cpu_seconds"] if r.get(job) else None
+    """Markdown table: each job's wall and CPU seconds and peak RSS, ours / XProf (wall, the target's
+    basis, and CPU), per-event CPU cost against the smallest run."""
+    def sec(r: dict, job: str, key: str) -> float | None:
+        return r[job][key] if r.get(job) else None
 
     def ratio(a: float | None, b: float | None) -> str:
         return f"{a / b:.2f}x" if a and b else "-"
 
     def per_event(r: dict, job: str) -> float | None:
-        return cpu(r, job) / r["events"] * 1e6 if cpu(r, job) else None
+        cpu = sec(r, job, "cpu_seconds")
+        return cpu / r["events"] * 1e6 if cpu else None
 
     base = rows[0]
-    lines = ["| hosts | events | report DIR: wall s / CPU s / RSS MB | analysis (report DB) "
-             "| baseline build's analysis | XProf overview_page | DIR / XProf (CPU) | analysis / XProf (CPU) "
-             "| CPU us/event DIR, analysis | vs smallest: DIR, analysis |",
-             "|" + "---|" * 10]
+    lines = ["| hosts | events | report DIR: wall s / CPU s / RSS MB | baseline build's report DIR "
+             "| ingest --db | analysis (report DB) | baseline build's analysis | XProf overview_page "
+             "| DIR / XProf: wall, CPU | CPU us/event DIR, analysis | vs smallest: DIR, analysis |",
+             "|" + "---|" * 11]
     for r in rows:
         pe_dir, pe_an = per_event(r, "e2e"), per_event(r, "analysis")
-        cells = [str(r["hosts"]), f"{r['events']:,}", _cell(r.get("e2e")), _cell(r["analysis"]),
-                 _cell(r.get("baseline_analysis")), _cell(r.get("xprof")),
-                 ratio(cpu(r, "e2e"), cpu(r, "xprof")), ratio(cpu(r, "analysis"), cpu(r, "xprof")),
+        cells = [str(r["hosts"]), f"{r['events']:,}", _cell(r.get("e2e")), _cell(r.get("baseline_e2e")),
+                 _cell(r.get("ingest")), _cell(r["analysis"]), _cell(r.get("baseline_analysis")),
+                 _cell(r.get("xprof")),
+                 f"{ratio(sec(r, 'e2e', 'seconds'), sec(r, 'xprof', 'seconds'))}, "
+                 f"{ratio(sec(r, 'e2e', 'cpu_seconds'), sec(r, 'xprof', 'cpu_seconds'))}",
                  f"{pe_dir:.2f}, {pe_an:.2f}" if pe_dir else f"-, {pe_an:.2f}",
                  f"{ratio(pe_dir, per_event(base, 'e2e'))}, {ratio(pe_an, per_event(base, 'analysis'))}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -191,8 +214,8 @@ def main() -> None:
     parser.add_argument("--reuse-db", action="store_true",
                         help="keep a database already in the cache: time the analysis only, not report DIR")
     parser.add_argument("--baseline", metavar="CLI", default=None,
-                        help="another build's tpuanalyze CLI: its `report DB` beside ours on the same "
-                             "database (seconds, RSS, whether the JSON is the same)")
+                        help="another build's tpuanalyze CLI: its `report DIR` and `report DB` beside ours "
+                             "on the same files and database (seconds, RSS, whether the JSON is the same)")
     parser.add_argument("--baseline-max-hosts", type=int, default=128,
                         help="run the baseline build only up to this many hosts (a whole-run analysis "
                              "needs ~1.1 GB per million events)")
