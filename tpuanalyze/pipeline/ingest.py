@@ -10,6 +10,7 @@ transaction, so a bad file or a dead worker leaves the database exactly as it wa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -443,6 +444,9 @@ def _load_groups(run_probes: list[Probe], run_hosts: list[HostInput], cap: int) 
 # event at the peak: a 1M-event batch took a worker to 0.89 GB, 640K to ~0.7 GB), and each task
 # pays ~0.25 CPU s of fixed statements, so a cluster's tasks take several small hosts too.
 MAP_GROUP_EVENTS = 640_000
+# A run with a host of more events than this is not attributed in the map: a worker would hold the
+# whole host (0.89 GB at 1M events); it is loaded as parts, streamed, and analysed from its database.
+MAP_MAX_HOST_EVENTS = 1 << 20
 
 
 def _map_group_cap(probes: list[list[Probe]], workers: int) -> int:
@@ -519,11 +523,15 @@ def _map_all(
     for run_index, (source, run_hosts, run_probes, t0) in enumerate(
             zip(sources, hosts, probes, t0s, strict=True)):
         run_staging = str(staging / f"run-{run_index}")
-        groups = _load_groups(run_probes, run_hosts, cap)
+        # a run is attributed in the map if its hosts are XSpace and none is larger than a worker holds
+        # at once (a larger host is loaded as parts, streamed, and analysed from the database)
+        mapped = source.source_format == "xspace" and max(
+            (p.num_events for p in run_probes), default=0) <= MAP_MAX_HOST_EVENTS
+        groups = _load_groups(run_probes, run_hosts, cap if mapped else _group_cap(probes, workers))
         for index, group in enumerate(groups):
             load = LoadTask(tuple(run_hosts[i] for i in group), t0, run_staging, False, compiled=compiled)
             tasks.append(MapTask(load, config, index, source.source_format,
-                                 store_op_events=store_op_events or source.source_format != "xspace"))
+                                 store_op_events=store_op_events or not mapped, analyze=mapped))
         per_run.append(len(groups))
     bar.phase("loading", sum(len(run_hosts) for run_hosts in hosts))
     done = _map(executor, map_hosts, tasks, [t.input for t in tasks], bar, _map_counted)
@@ -547,7 +555,7 @@ def _map_all(
 
 def _settle(executor: Executor, source: RunSource, tasks: list[MapTask], done: list[Mapped]) -> list | None:
     """The run's batch results once its batches agree with the run (``_map_all``), or None."""
-    if source.source_format != "xspace" or not done:
+    if not tasks or not tasks[0].analyze or not done:
         return None
     results = [m.result for m in done]
     flags = results[0].flags
@@ -569,8 +577,7 @@ def _settle(executor: Executor, source: RunSource, tasks: list[MapTask], done: l
     redo = [i for i, r in enumerate(results) if r.dominant != dominant]
     if not redo:
         return results
-    again = [MapTask(tasks[i].load, tasks[i].config, tasks[i].index, tasks[i].source_format, programs,
-                     tasks[i].store_op_events) for i in redo]
+    again = [dataclasses.replace(tasks[i], programs_run=programs) for i in redo]
     for i, mapped in zip(redo, _map(executor, map_hosts, again, [t.input for t in again],
                                     IngestProgress(False), _map_counted), strict=True):
         results[i] = mapped.result

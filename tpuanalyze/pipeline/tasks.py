@@ -227,6 +227,7 @@ class MapTask:
     # the events of device op lines stored too (their op rows come back from the map either way): a
     # report's temporary database needs only the others (analyzer/event_partials.py)
     store_op_events: bool = True
+    analyze: bool = True  # False: a plain load (``load_host``: parts, every event) of a run analysed later
 
     @property
     def input(self) -> HostInput:
@@ -261,6 +262,9 @@ def map_hosts(task: MapTask) -> Mapped:
     from tpuanalyze.store.database import table_ddl
 
     load = task.load
+    if not task.analyze:
+        loaded = load_host(load)
+        return Mapped(parts=loaded.parts, error=loaded.error)
     first = load.input
     con = duckdb.connect(":memory:")
     try:
