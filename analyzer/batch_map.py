@@ -18,6 +18,7 @@ flags that differ between batches, the run attributed from its database instead.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,8 @@ def map_batch(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any
             # dictionaries for the two string columns only (the numbers' dictionary attempts cost more
             # than they save), LZ4: 0.14 s a million rows against 0.25 with the defaults
             pq.write_table(rows.set_column(position, "kind_id", kind_id), str(op_rows_path),
-                           compression="lz4", use_dictionary=["host", "collective_kind"],
+                           compression=os.environ.get("TPUANALYZE_OP_ROWS_COMPRESSION", "lz4"),
+                           use_dictionary=["host", "collective_kind"],
                            row_group_size=OP_ROWS_ROW_GROUP)
             return str(op_rows_path)
 
