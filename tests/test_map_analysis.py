@@ -314,3 +314,27 @@ def test_two_worker_processes_report_as_one(tmp_path: Path) -> None:
     one, two = (json.loads(text) for text in outputs)
     assert _close(one, two) == []
     assert np.isclose(sum(one["runs"][0]["breakdown"].values()), 1.0)
+
+
+def test_one_large_host_is_attributed_batch_wise_as_the_whole_run(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of one host larger than a batch takes the per-host path with the batch engine (one batch:
+    a 6M-event host took 5.1 GB by the whole-run SQL), and reports what the whole-run SQL reports."""
+    from tpuanalyze.analyzer import per_host
+
+    run = SAMPLES / "generated" / "resnet50_v3-32_input-bound"
+    db = tmp_path / "one.duckdb"
+    ingest_paths([run], db, workers=1)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        whole = analyze_run(con, 1)
+        calls = []
+        original = per_host.materialize_per_host
+        monkeypatch.setattr("tpuanalyze.analyzer.api.materialize_per_host",
+                            lambda *a, **k: calls.append(len(a[3])) or original(*a, **k))
+        monkeypatch.setattr(per_host, "BATCH_EVENTS", 1000)
+        batched = analyze_run(con, 1)
+    finally:
+        con.close()
+    assert calls == [1], "one batch, by the per-host path"
+    assert _close(report_json([whole]), report_json([batched])) == []
