@@ -80,6 +80,7 @@ class _KeptMetadata(_Kept):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.blocks: list[tuple[str, int, int, int, int]] = []  # host, plane, table, first row, rows
+        self.block_columns: list[tuple[str, int, dict[str, np.ndarray], int]] = []  # host, table, columns
         self._tables: dict[int, int] = {}  # id(the table's metadata_id array) -> table number
         self._alive: list[np.ndarray] = []  # (the arrays whose ids number the tables stay alive)
 
@@ -92,6 +93,7 @@ class _KeptMetadata(_Kept):
                 self._alive.append(ids)
             plane = int(columns["plane_index"][0])
             self.blocks.append((host, plane, table, self.rows, rows))
+            self.block_columns.append((host, table, columns, rows))
         super().add(columns, host)
 
 
@@ -156,39 +158,41 @@ class BatchTables:
 
     def arrow(self, table: str, run_id: int, rows: np.ndarray | None = None) -> Any:
         """The table's rows (``rows``: positions, default all) as Arrow with the database's columns and
-        types, ``run_id`` as given."""
+        types, ``run_id`` as given. All of ``event_metadata``: each distinct table converted once, its
+        planes' blocks sharing its Arrow buffers (a pod batch's 300 planes have 2 tables)."""
         import pyarrow as pa
 
+        if table == "event_metadata" and rows is None:
+            return self._metadata_arrow(run_id)
         columns = self.columns(table)
         types = table_types()[table]
-        names = [c for c, _ in types]
         if columns is None:
             return pa.table({c: pa.array([], type=getattr(pa, _ARROW_OF[t])()) for c, t in types})
-        n = len(columns["host_code"])
         if rows is None:
-            rows = np.arange(n)
-        hosts = pa.array(self.host_names(table), type=pa.string())
-        expressions = _EXPRESSIONS[table]
-        out = {}
-        for column, kind in types:
-            arrow_type = getattr(pa, _ARROW_OF[kind])()
-            expr = expressions.get(column)
-            if column == "run_id":
-                out[column] = pa.array(np.full(len(rows), run_id, np.int32))
-            elif expr is None:  # a column the loader does not write: NULL in the database too
-                out[column] = pa.nulls(len(rows), arrow_type)
-            elif expr == _HOST:
-                out[column] = hosts.take(pa.array(columns["host_code"][rows]))
-            elif expr == "start_ps + shift_ps":
-                out[column] = pa.array(columns["start_ps"][rows] + columns["shift_ps"][rows], type=arrow_type)
-            elif expr == _JSON or kind in ("VARCHAR", "JSON"):
-                out[column] = pa.array(columns[column][rows], type=pa.string())
-            elif f"{column}__ok" in columns:
-                out[column] = pa.array(columns[column][rows], type=arrow_type,
-                                       mask=~columns[f"{column}__ok"][rows])
-            else:
-                out[column] = pa.array(columns[column][rows], type=arrow_type)
-        return pa.table(out).select(names)
+            rows = np.arange(len(columns["host_code"]))
+        host = pa.array(self.host_names(table), type=pa.string()).take(pa.array(columns["host_code"][rows]))
+        return _as_arrow(table, columns, rows, host, run_id)
+
+    def _metadata_arrow(self, run_id: int) -> Any:
+        import pyarrow as pa
+
+        kept = self._writer.parts["event_metadata"]
+        blocks = kept.block_columns  # type: ignore[attr-defined]
+        if not blocks:
+            return self.arrow("event_metadata", run_id, np.arange(0))
+        converted: dict[int, Any] = {}
+        pieces = []
+        for host, table_number, columns, n in blocks:
+            if table_number not in converted:
+                converted[table_number] = _as_arrow("event_metadata", columns, np.arange(n),
+                                                     pa.nulls(n, pa.string()), run_id)
+            piece = converted[table_number]
+            host_column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
+                                                         pa.array([host], type=pa.string()))
+            piece = piece.set_column(piece.schema.get_field_index("host"), "host", host_column)
+            plane = pa.array(np.full(n, int(columns["plane_index"][0]), np.int32))
+            pieces.append(piece.set_column(piece.schema.get_field_index("plane_index"), "plane_index", plane))
+        return pa.concat_tables(pieces)
 
     def register(self, con: duckdb.DuckDBPyConnection, run_id: int) -> None:
         """Give ``con`` the batch as its base tables (registered Arrow, no rows inserted) and the
@@ -304,3 +308,31 @@ class BatchTables:
         self.hosts[0].files.update({t: f for t, f in files.items() if f})
         self.hosts[0].group = [h.host for h in self.hosts]
         return self.hosts
+
+
+def _as_arrow(table: str, columns: dict[str, np.ndarray], rows: np.ndarray, host: Any, run_id: int) -> Any:
+    """``table``'s columns and types (schema.sql) from the loader's numpy ``columns`` at ``rows``, as
+    its SQL casts write them (store.load.part_select): ``host`` the rows' host column (Arrow)."""
+    import pyarrow as pa
+
+    expressions = _EXPRESSIONS[table]
+    out = {}
+    for column, kind in table_types()[table]:
+        arrow_type = getattr(pa, _ARROW_OF[kind])()
+        expr = expressions.get(column)
+        if column == "run_id":
+            out[column] = pa.array(np.full(len(rows), run_id, np.int32))
+        elif expr is None:  # a column the loader does not write: NULL in the database too
+            out[column] = pa.nulls(len(rows), arrow_type)
+        elif expr == _HOST:
+            out[column] = host
+        elif expr == "start_ps + shift_ps":
+            out[column] = pa.array(columns["start_ps"][rows] + columns["shift_ps"][rows], type=arrow_type)
+        elif expr == _JSON or kind in ("VARCHAR", "JSON"):
+            out[column] = pa.array(columns[column][rows], type=pa.string())
+        elif f"{column}__ok" in columns:
+            out[column] = pa.array(columns[column][rows], type=arrow_type,
+                                   mask=~columns[f"{column}__ok"][rows])
+        else:
+            out[column] = pa.array(columns[column][rows], type=arrow_type)
+    return pa.table(out)
