@@ -36,15 +36,18 @@ def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
 
 
 @contextmanager
-def scratch_database(con: duckdb.DuckDBPyConnection, batch_events: int = 0) -> Iterator[str]:
+def scratch_database(con: duckdb.DuckDBPyConnection, batch_events: int = 0,
+                     in_memory: bool = False) -> Iterator[str]:
     """Attach a scratch database file as ``ta_scratch`` (deleted afterwards), cap DuckDB's memory for
     batches of up to ``batch_events`` events and point its spill folder beside it; the connection's
-    settings are restored on exit."""
+    settings are restored on exit. ``in_memory``: the scratch database in memory (a map worker's one
+    batch, whose op rows go to a file of their own: no file to create and remove per task)."""
     folder = tempfile.mkdtemp(prefix="tpuanalyze-analysis-")
     saved_limit = _setting(con, "memory_limit")
     saved_temp = _setting(con, "temp_directory")
     try:
-        con.execute(f"ATTACH '{folder}/scratch.duckdb' AS {SCRATCH} (READ_WRITE)")
+        target = ":memory:" if in_memory else f"{folder}/scratch.duckdb"
+        con.execute(f"ATTACH '{target}' AS {SCRATCH} (READ_WRITE)")
         if not saved_temp:  # (DuckDB cannot switch it back once used: set only where there is none)
             con.execute(f"SET temp_directory = '{folder}/spill'")
         cap = max(MEMORY_LIMIT_BYTES, BYTES_PER_BATCH_EVENT * batch_events)
