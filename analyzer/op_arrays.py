@@ -24,6 +24,7 @@ from tpuanalyze.analyzer.op_kinds import (
     _same,
     batch_relation,
     classes_select,
+    op_lines_select,
 )
 
 if TYPE_CHECKING:
@@ -113,15 +114,9 @@ def narrow_device_ops(kinds: OpKinds, con: duckdb.DuckDBPyConnection, subs: dict
     lines, keys = f"{local}op_lines", f"{local}op_keys"
     key_table = f"{local}op_key_arrow"
     run = subs["run_filter"]
-    e_host, l_host = subs["e_host"], subs["l_host"]
+    e_host = subs["e_host"]
     # 1. the batch's op lines, numbered (as the SQL form numbers them)
-    con.execute(f"""CREATE OR REPLACE TEMP TABLE {lines} AS
-SELECT l.run_id, l.host, l.plane_index, l.line_index, p.device_ordinal AS device, l.name AS line,
-       CAST(row_number() OVER (ORDER BY l.host, l.plane_index, l.line_index) AS INTEGER) AS line_key
-FROM lines l JOIN planes p USING (run_id, host, plane_index)
-WHERE l.{run} AND {l_host} AND l.run_id IN (SELECT run_id FROM {subs['att_runs']})
-  AND (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
-  AND (l.name IN ('XLA Ops', 'Async XLA Ops') OR l.name LIKE 'Stream #%')""")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {lines} AS {op_lines_select(subs)}")
     try:
         line_rows = con.execute(f"SELECT line_key, run_id, host, device FROM {lines} "
                                 "ORDER BY line_key").fetchnumpy()

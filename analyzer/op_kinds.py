@@ -168,19 +168,13 @@ class OpKinds:
         lines, events = f"{local}op_lines", f"{local}op_events"
         keys, classes = f"{local}op_keys", f"{local}op_classes"
         run = subs["run_filter"]
-        e_host, l_host = subs["e_host"], subs["l_host"]
+        e_host = subs["e_host"]
 
         def batch(table: str, alias: str) -> str:
             return batch_relation(subs, table, alias)
 
         # 1. the batch's op lines (a few per device), numbered: the events carry the number, not strings
-        con.execute(f"""CREATE OR REPLACE TEMP TABLE {lines} AS
-SELECT l.run_id, l.host, l.plane_index, l.line_index, p.device_ordinal AS device, l.name AS line,
-       CAST(row_number() OVER (ORDER BY l.host, l.plane_index, l.line_index) AS INTEGER) AS line_key
-FROM lines l JOIN planes p USING (run_id, host, plane_index)
-WHERE l.{run} AND {l_host} AND l.run_id IN (SELECT run_id FROM {subs['att_runs']})
-  AND (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
-  AND (l.name IN ('XLA Ops', 'Async XLA Ops') OR l.name LIKE 'Stream #%')""")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {lines} AS {op_lines_select(subs)}")
         own = " OR ".join(f"d.{c} IS NOT NULL" for c in _OWN_PROPERTIES)
         # 2. the batch's op events (the events view's device op rows), narrow; an event's own typed
         # stats make it a key of its own (own_index), else its line and metadata id are its key
@@ -235,6 +229,19 @@ WHERE y.line <> 'Async XLA Ops' OR y.collective_kind IS NOT NULL""")
             for table in (lines, events, keys, classes):
                 con.execute(f"DROP TABLE IF EXISTS {table}")
 
+
+
+def op_lines_select(subs: dict[str, str]) -> str:
+    """The batch's op lines (a few per device: XLA Ops, Async XLA Ops, GPU streams of an accelerator
+    plane) with their device, numbered 1.. in (host, plane, line) order (``line_key``)."""
+    run, l_host = subs["run_filter"], subs["l_host"]
+    return f"""SELECT l.run_id, l.host, l.plane_index, l.line_index, p.device_ordinal AS device,
+       l.name AS line,
+       CAST(row_number() OVER (ORDER BY l.host, l.plane_index, l.line_index) AS INTEGER) AS line_key
+FROM lines l JOIN planes p USING (run_id, host, plane_index)
+WHERE l.{run} AND {l_host} AND l.run_id IN (SELECT run_id FROM {subs['att_runs']})
+  AND (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
+  AND (l.name IN ('XLA Ops', 'Async XLA Ops') OR l.name LIKE 'Stream #%')"""
 
 
 def batch_relation(subs: dict[str, str], table: str, alias: str) -> str:

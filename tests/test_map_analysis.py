@@ -7,7 +7,6 @@ bad host in the map stops the call before anything is written."""
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -17,8 +16,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pytest
-from test_attribution_xspace import XSpaceBuilder, design_example_step
-from test_per_host import _program
+from test_per_host import close_json, dominant_program_run, steps_line_on_one_host_run
 from tpuanalyze.analyzer.api import analyze_mapped, analyze_run, report_json
 from tpuanalyze.analyzer.config import load_thresholds
 
@@ -36,21 +34,6 @@ SHARED_INPUTS = ["real/gpu_mi300x_jax08_attention.xplane.pb", "real/gpu_mi300x_j
                  "real/gpu_mi300x_jax_conv_rundir", "real/gpu_mi355x_jax_te_fused_attn.xplane.pb",
                  "real/gpu_v100x8_tf_multiworker.xplane.pb", "real/tpu_v6e_4chip_jax_inference.xplane.pb",
                  "jax_cpu/pmap8_input_bound", "jax_cpu/pmap8_train_eval", "jax_cpu/single_jit_train"]
-
-
-def _close(a: Any, b: Any, path: str = "") -> list[str]:
-    """Differences between two JSON documents (floats to 1e-9 relative: sums in another order)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        if set(a) != set(b):
-            return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
-        return [d for k in a for d in _close(a[k], b[k], f"{path}.{k}")]
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return [f"{path}: {len(a)} vs {len(b)} items"]
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _close(x, y, f"{path}[{i}]")]
-    if isinstance(a, float) and isinstance(b, float):
-        return [] if math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) else [f"{path}: {a} vs {b}"]
-    return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
 
 
 def _mapped(paths: list[Path], db: Path) -> tuple[list[Any], Any]:
@@ -78,7 +61,7 @@ def _from_database(paths: list[Path], db: Path) -> list[Any]:
 def _assert_same(paths: list[Path], tmp_path: Path) -> Any:
     mapped, summary = _mapped(paths, tmp_path / "mapped.duckdb")
     classic = _from_database(paths, tmp_path / "classic.duckdb")
-    assert _close(report_json(mapped), report_json(classic)) == []
+    assert close_json(report_json(mapped), report_json(classic)) == []
     return summary
 
 
@@ -117,17 +100,7 @@ def test_the_dominant_program_is_the_runs_when_a_batch_guessed_another(
     """No Steps line: host0 alone would step jit_a, the run steps jit_b; host0's batch is attributed
     again with the run's programs, and the report equals the database's."""
     monkeypatch.setattr(ingest_module, "MAP_GROUP_EVENTS", 1)
-    run_dir = tmp_path / "logs" / "plugins" / "profile" / "r1"
-    h0, h1 = XSpaceBuilder(), XSpaceBuilder()
-    c0, c1 = h0.tpu_core(0), h1.tpu_core(0)
-    for i in range(3):
-        _program(c0, "jit_a(1)", 10.0 * i, 10.0 * i + 8)
-        _program(c1, "jit_b(2)", 30.0 * i, 30.0 * i + 25)
-    _program(c0, "jit_b(2)", 40.0, 45.0)
-    _program(c1, "jit_a(1)", 100.0, 102.0)
-    h0.write(run_dir / "host0.xplane.pb")
-    h1.write(run_dir / "host1.xplane.pb")
-    summary = _assert_same([run_dir], tmp_path)
+    summary = _assert_same([dominant_program_run(tmp_path)], tmp_path)
     (results,) = summary.mapped.values()
     assert [r.programs_run_used for r in results] == [True, False]  # host0's batch attributed again
     assert [r.dominant for r in results] == ["jit_a(1)", "jit_b(2)"]  # (each batch's own programs')
@@ -138,17 +111,7 @@ def test_flags_that_differ_between_batches_report_from_the_full_database(
     """A Steps line on one host only: the batches' flags differ, so the run is loaded in full and
     attributed from its database (no map results), with the same report."""
     monkeypatch.setattr(ingest_module, "MAP_GROUP_EVENTS", 1)
-    run_dir = tmp_path / "logs" / "plugins" / "profile" / "r1"
-    h0, h1 = XSpaceBuilder(), XSpaceBuilder()
-    c0 = h0.tpu_core(0)
-    for step in range(3):
-        design_example_step(c0, 12.0 * step, step)
-    c1 = h1.tpu_core(0)
-    for i in range(3):
-        _program(c1, "jit_train_step(1)", 12.0 * i, 12.0 * i + 10)
-    h0.write(run_dir / "host0.xplane.pb")
-    h1.write(run_dir / "host1.xplane.pb")
-    summary = _assert_same([run_dir], tmp_path)
+    summary = _assert_same([steps_line_on_one_host_run(tmp_path)], tmp_path)
     assert not summary.mapped
     con = duckdb.connect(str(tmp_path / "mapped.duckdb"), read_only=True)
     try:
@@ -312,7 +275,7 @@ def test_two_worker_processes_report_as_one(tmp_path: Path) -> None:
     import json
 
     one, two = (json.loads(text) for text in outputs)
-    assert _close(one, two) == []
+    assert close_json(one, two) == []
     assert np.isclose(sum(one["runs"][0]["breakdown"].values()), 1.0)
 
 
@@ -337,4 +300,4 @@ def test_one_large_host_is_attributed_batch_wise_as_the_whole_run(tmp_path: Path
     finally:
         con.close()
     assert calls == [1], "one batch, by the per-host path"
-    assert _close(report_json([whole]), report_json([batched])) == []
+    assert close_json(report_json([whole]), report_json([batched])) == []

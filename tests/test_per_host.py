@@ -32,16 +32,17 @@ def _analyse(db: Path, batch_events: int, monkeypatch: pytest.MonkeyPatch) -> li
         con.close()
 
 
-def _close(a: Any, b: Any, path: str = "") -> list[str]:
+def close_json(a: Any, b: Any, path: str = "") -> list[str]:
     """Differences between two JSON documents (floats to 1e-9 relative: sums in another order)."""
     if isinstance(a, dict) and isinstance(b, dict):
         if set(a) != set(b):
             return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
-        return [d for k in a for d in _close(a[k], b[k], f"{path}.{k}")]
+        return [d for k in a for d in close_json(a[k], b[k], f"{path}.{k}")]
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return [f"{path}: {len(a)} vs {len(b)} items"]
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _close(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True))
+                for d in close_json(x, y, f"{path}[{i}]")]
     if isinstance(a, float) and isinstance(b, float):
         return [] if math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) else [f"{path}: {a} vs {b}"]
     return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
@@ -57,7 +58,7 @@ def _same(whole: list[RunAnalysis], batched: list[RunAnalysis]) -> None:
         pd.testing.assert_frame_equal(w.collectives, b.collectives)
         pd.testing.assert_frame_equal(w.input, b.input)
         pd.testing.assert_frame_equal(w.ops, b.ops)
-    assert _close(report_json(whole), report_json(batched)) == []
+    assert close_json(report_json(whole), report_json(batched)) == []
 
 
 def _ingest(paths: list[Path], db: Path) -> Path:
@@ -101,9 +102,8 @@ def _program(core: Any, name: str, start: float, end: float) -> None:
     hlo_op(core, "all-reduce.1", end - 0.5, end, "all-reduce", shape="f32[1024]")
 
 
-def test_dominant_program_is_the_runs_not_a_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No Steps line: steps are the executions of the program with the most time over the run.
-    host0 spends more time in jit_a, host1 far more in jit_b: the run's steps are jit_b's on both."""
+def dominant_program_run(tmp_path: Path) -> Path:
+    """Two hosts, no Steps line: host0 spends more time in jit_a, host1 far more in jit_b (the run's)."""
     run_dir = tmp_path / "logs" / "plugins" / "profile" / "r1"
     h0, h1 = XSpaceBuilder(), XSpaceBuilder()
     c0, c1 = h0.tpu_core(0), h1.tpu_core(0)
@@ -114,17 +114,11 @@ def test_dominant_program_is_the_runs_not_a_hosts(tmp_path: Path, monkeypatch: p
     _program(c1, "jit_a(1)", 100.0, 102.0)
     h0.write(run_dir / "host0.xplane.pb")
     h1.write(run_dir / "host1.xplane.pb")
-    db = _ingest([run_dir], tmp_path / "d.duckdb")
-    whole = _analyse(db, WHOLE_RUN, monkeypatch)
-    batched = _analyse(db, ONE_HOST, monkeypatch)
-    assert set(whole[0].steps["program"]) == {"jit_b(2)"}
-    assert len(whole[0].steps) == 4  # host0: one execution of jit_b; host1: three
-    _same(whole, batched)
+    return run_dir
 
 
-def test_steps_line_on_one_host_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run has a Steps line (host0), so host1, without one, is not stepped by its programs (the
-    run's flag decides, as in the whole-run SQL) but gets the op-span step of a device without markers."""
+def steps_line_on_one_host_run(tmp_path: Path) -> Path:
+    """Two hosts: host0 with a Steps line, host1 with program executions only."""
     run_dir = tmp_path / "logs" / "plugins" / "profile" / "r1"
     h0, h1 = XSpaceBuilder(), XSpaceBuilder()
     c0 = h0.tpu_core(0)
@@ -135,7 +129,24 @@ def test_steps_line_on_one_host_only(tmp_path: Path, monkeypatch: pytest.MonkeyP
         _program(c1, "jit_train_step(1)", 12.0 * i, 12.0 * i + 10)
     h0.write(run_dir / "host0.xplane.pb")
     h1.write(run_dir / "host1.xplane.pb")
-    db = _ingest([run_dir], tmp_path / "s.duckdb")
+    return run_dir
+
+
+def test_dominant_program_is_the_runs_not_a_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Steps line: steps are the executions of the program with the most time over the run.
+    host0 spends more time in jit_a, host1 far more in jit_b: the run's steps are jit_b's on both."""
+    db = _ingest([dominant_program_run(tmp_path)], tmp_path / "d.duckdb")
+    whole = _analyse(db, WHOLE_RUN, monkeypatch)
+    batched = _analyse(db, ONE_HOST, monkeypatch)
+    assert set(whole[0].steps["program"]) == {"jit_b(2)"}
+    assert len(whole[0].steps) == 4  # host0: one execution of jit_b; host1: three
+    _same(whole, batched)
+
+
+def test_steps_line_on_one_host_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run has a Steps line (host0), so host1, without one, is not stepped by its programs (the
+    run's flag decides, as in the whole-run SQL) but gets the op-span step of a device without markers."""
+    db = _ingest([steps_line_on_one_host_run(tmp_path)], tmp_path / "s.duckdb")
     whole = _analyse(db, WHOLE_RUN, monkeypatch)
     batched = _analyse(db, ONE_HOST, monkeypatch)
     sources = whole[0].steps.groupby("host")["step_source"].agg(set).to_dict()
@@ -254,7 +265,7 @@ def test_partial_aggregates_equal_the_runs_rows_at_once(tmp_path: Path, batch_ev
         pd.testing.assert_frame_equal(getattr(whole, frame), getattr(batched, frame))
     # f32-gradient-allreduce on this run's f32/bf16 tie: not f32, the same in every run (a mode() of the
     # dtypes picked either, run to run)
-    assert _close(report_json([whole]), report_json([batched])) == []
+    assert close_json(report_json([whole]), report_json([batched])) == []
     assert "f32-gradient-allreduce" not in {f["rule"] for f in batched.findings}
 
 
