@@ -67,7 +67,7 @@ def test_numpy_stages_equal_sql_on_shared_captures(shared_captures: CaptureSet) 
 def test_per_host_analysis_is_the_same_either_way(tmp_path: Path, scenario: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A generated 4-host pod attributed host by host: every frame and the JSON equal with either sweep."""
-    from test_per_host import ONE_HOST, _analyse, _close, _same
+    from test_per_host import ONE_HOST, _analyse, _same, close_json
     from tpuanalyze.analyzer.api import report_json
     from tpuanalyze.generator import generate
 
@@ -83,7 +83,7 @@ def test_per_host_analysis_is_the_same_either_way(tmp_path: Path, scenario: str,
     vectorised = _analyse(db, ONE_HOST, monkeypatch)
     assert sql[0].summary["steps"] > 0
     _same(sql, vectorised)
-    assert _close(report_json(sql), report_json(vectorised)) == []
+    assert close_json(report_json(sql), report_json(vectorised)) == []
 
 
 CATS = ("eval", "weight_update", "compute", "collectives", "input", "output", "container",
