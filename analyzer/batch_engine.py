@@ -29,6 +29,7 @@ from typing import Any
 import duckdb
 import numpy as np
 from tpuanalyze.analyzer.op_arrays import OpArrays, device_sort_key
+from tpuanalyze.analyzer.op_kinds import OP_LINES_SQL
 from tpuanalyze.analyzer.sweep import (
     _CATEGORIES,
     _IN_STEP,
@@ -45,12 +46,10 @@ from tpuanalyze.analyzer.sweep import (
 )
 from tpuanalyze.store.database import events_select
 
-from tpuanalyze.keys import columns_in
+from tpuanalyze.keys import columns_in, is_op_line, lookup
 
 # the stages the engine builds from arrays (the others run their SQL)
 ENGINE_STAGES = ("att_intervals", "att_elementary", "step_breakdown", "collective_time", "op_steps")
-OP_LINES_SQL = ("(p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%') "
-             "AND (l.name IN ('XLA Ops', 'Async XLA Ops') OR l.name LIKE 'Stream #%')")
 _CAT_CODE = {name: i for i, name in enumerate(_OUT)}
 
 
@@ -454,23 +453,18 @@ def batch_flags(batch: Any) -> dict[str, bool]:
     code = {h: i for i, h in enumerate(ev_hosts)}
     e_host, e_plane, e_line = (events["host_code"].astype(np.int64), events["plane_index"].astype(np.int64),
                                events["line_index"].astype(np.int64))
-    n_plane, n_line = int(e_plane.max()) + 1, int(e_line.max()) + 1
-    if min(int(e_plane.min()), int(e_line.min())) < 0 or len(ev_hosts) * n_plane * n_line > (1 << 24):
-        raise ValueError("batch too sparse for a line table")
-    table = np.zeros(len(ev_hosts) * n_plane * n_line, np.int8)  # 1 steps, 2 modules, 4 op line
+    keys, bits = [], []  # each device line's (host, plane, line) and bits: 1 steps, 2 modules, 4 op line
     for h, p, i, name in zip(lines["host_code"].tolist(), lines["plane_index"].tolist(),
                              lines["line_index"].tolist(), lines["name"].tolist(), strict=True):
         host = line_hosts[h]
         plane = plane_name.get((host, int(p)))
-        if host not in code or not isinstance(plane, str) or not plane.startswith("/device:") \
-                or not (0 <= p < n_plane and 0 <= i < n_line):
+        if host not in code or not isinstance(plane, str) or not plane.startswith("/device:"):
             continue
-        bits = (1 if name == "Steps" else 0) | (2 if name == "XLA Modules" else 0)
-        if plane.startswith(("/device:TPU:", "/device:GPU:")) and isinstance(name, str) and (
-                name in ("XLA Ops", "Async XLA Ops") or name.startswith("Stream #")):
-            bits |= 4
-        table[(code[host] * n_plane + p) * n_line + i] = bits
-    line_bits = table[(e_host * n_plane + e_plane) * n_line + e_line]
+        keys.append((code[host], p, i))
+        bits.append((1 if name == "Steps" else 0) | (2 if name == "XLA Modules" else 0)
+                    | (4 if is_op_line(plane, name) else 0))
+    line_bits = lookup(np.array(keys, dtype=np.int64).T, np.array(bits, dtype=np.int8),
+                       np.stack([e_host, e_plane, e_line]))
     flags["has_steps_line"] = bool((line_bits & 1).any())
     flags["has_modules_line"] = bool((line_bits & 2).any())
     op = ((line_bits & 4) > 0) & (events["duration_ps"] > 0)

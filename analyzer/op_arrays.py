@@ -27,6 +27,8 @@ from tpuanalyze.analyzer.op_kinds import (
     op_lines_select,
 )
 
+from tpuanalyze.keys import dense_extents, is_op_line, lookup
+
 if TYPE_CHECKING:
     from tpuanalyze.analyzer.op_kinds import OpKinds
 
@@ -268,14 +270,6 @@ ORDER BY y.key_index""").fetchnumpy()
                     table=table, collective_kind=collective_kind)
 
 
-_OP_LINE_NAMES = ("XLA Ops", "Async XLA Ops")
-_DEVICE_PREFIXES = ("/device:TPU:", "/device:GPU:")
-
-
-def _is_op_line(line: Any) -> bool:
-    return isinstance(line, str) and (line in _OP_LINE_NAMES or line.startswith("Stream #"))
-
-
 def narrow_from_batch(kinds: OpKinds, con: duckdb.DuckDBPyConnection, batch: Any, subs: dict[str, str],
                       local: str, rows: str, run_id: int) -> OpArrays:
     """``narrow_device_ops`` from a map worker's batch in memory (``store.batch.BatchTables``, every row
@@ -294,41 +288,36 @@ def narrow_from_batch(kinds: OpKinds, con: duckdb.DuckDBPyConnection, batch: Any
         raise NoArrays()
     # 1. the op lines (SQL's order: host, plane, line), and each plane's device
     plane_hosts = batch.host_names("planes")
-    device_of: dict[tuple[str, int], tuple[int, bool]] = {}
+    plane_of: dict[tuple[str, int], tuple[Any, Any, Any]] = {}  # name, device ordinal, NULL ordinal
     ordinal, ordinal_null = planes["device_ordinal"], ~planes["device_ordinal__ok"]
     for h, p, name, d, null in zip(planes["host_code"].tolist(), planes["plane_index"].tolist(),
                                    planes["name"].tolist(), ordinal.tolist(), ordinal_null.tolist(),
                                    strict=True):
-        if isinstance(name, str) and name.startswith(_DEVICE_PREFIXES):
-            device_of[(plane_hosts[h], int(p))] = (int(d), bool(null))
+        plane_of[(plane_hosts[h], int(p))] = (name, d, null)
     line_hosts = batch.host_names("lines")
     op_lines = sorted((line_hosts[h], int(p), int(i), name) for h, p, i, name in
                       zip(lines["host_code"].tolist(), lines["plane_index"].tolist(),
                           lines["line_index"].tolist(), lines["name"].tolist(), strict=True)
-                      if (line_hosts[h], int(p)) in device_of and _is_op_line(name))
+                      if is_op_line(plane_of.get((line_hosts[h], int(p)), (None,))[0], name))
     line_names = sorted({name for *_, name in op_lines})
     line_code = {name: i for i, name in enumerate(line_names)}
     info = LineInfo(run_id=np.full(len(op_lines), run_id, np.int32),
                     host=np.array([h for h, *_ in op_lines], dtype=object),
-                    device=np.array([device_of[(h, p)][0] for h, p, *_ in op_lines], dtype=np.int64),
-                    device_null=np.array([device_of[(h, p)][1] for h, p, *_ in op_lines], dtype=bool))
-    # 2. each event's op line (0: none), through a lookup of (host, plane, line)
+                    device=np.array([int(plane_of[(h, p)][1]) for h, p, *_ in op_lines], dtype=np.int64),
+                    device_null=np.array([bool(plane_of[(h, p)][2]) for h, p, *_ in op_lines], dtype=bool))
+    # 2. each event's op line (0: none), through a lookup of (host, plane, line); ids too sparse for a
+    # dense table: the SQL-fetching form
     ev_hosts = batch.host_names("event_rows")
     host_code = {h: i for i, h in enumerate(ev_hosts)}
     e_host = events["host_code"].astype(np.int64)
     e_plane = events["plane_index"].astype(np.int64)
     e_line = events["line_index"].astype(np.int64)
-    line_keys = {(host_code[h], p, i): k + 1 for k, (h, p, i, _) in enumerate(op_lines) if h in host_code}
-    n_plane = int(e_plane.max()) + 1 if len(e_plane) else 1
-    n_line = int(e_line.max()) + 1 if len(e_line) else 1
-    too_large = len(ev_hosts) * n_plane * n_line > (1 << 24)
-    if too_large or (len(e_plane) and min(e_plane.min(), e_line.min()) < 0):
+    e_ids = np.stack([e_host, e_plane, e_line])
+    if dense_extents(e_ids) is None:
         raise NoArrays()
-    lookup = np.zeros(len(ev_hosts) * n_plane * n_line, np.int64)
-    for (h, p, i), k in line_keys.items():
-        if p < n_plane and i < n_line:
-            lookup[(h * n_plane + p) * n_line + i] = k
-    line_key = lookup[(e_host * n_plane + e_plane) * n_line + e_line] if len(e_host) else e_host
+    line_keys = [((host_code[h], p, i), k + 1) for k, (h, p, i, _) in enumerate(op_lines) if h in host_code]
+    line_key = lookup(np.array([key for key, _ in line_keys], dtype=np.int64).T,
+                      np.array([k for _, k in line_keys], dtype=np.int64), e_ids)
     chosen = np.flatnonzero((line_key > 0) & (events["duration_ps"] > 0))
     line_key = line_key[chosen]
     # 3. details: an event's own properties (then it is a key of its own) and correlation id
@@ -350,12 +339,10 @@ def narrow_from_batch(kinds: OpKinds, con: duckdb.DuckDBPyConnection, batch: Any
     # 4. each event's key: its line's name, its plane's metadata table and its metadata id; an event
     # with properties of its own, itself
     blocks = batch.metadata_blocks()
-    block_of = {(h, p): (t, first, n) for h, p, t, first, n in blocks}
-    lookup_table = np.full(len(ev_hosts) * n_plane, -1, np.int64)
-    for (h, p), (t, _, _) in block_of.items():
-        if h in host_code and p < n_plane:
-            lookup_table[host_code[h] * n_plane + p] = t
-    table_of = lookup_table[e_host[chosen] * n_plane + e_plane[chosen]]
+    table_of_plane = {(host_code[h], p): t for h, p, t, _, _ in blocks if h in host_code}
+    table_of = lookup(np.array(list(table_of_plane), dtype=np.int64).T,
+                      np.array(list(table_of_plane.values()), dtype=np.int64),
+                      np.stack([e_host[chosen], e_plane[chosen]]), default=-1)
     name_of_line = np.array([line_code[name] for *_, name in op_lines], dtype=np.int64)
     md = events["metadata_id"][chosen].astype(np.int64)
     own_chosen = own[chosen]

@@ -28,6 +28,8 @@ from typing import Any
 import duckdb
 from tpuanalyze.analyzer.classify import classified_sql
 
+from tpuanalyze.keys import DEVICE_PLANE_PREFIXES, OP_LINE_NAMES, STREAM_LINE_PREFIX
+
 # An op's line, properties (its event metadata's, or its event's own typed stats) and class: a kind.
 PROPERTY_COLUMNS = ("short_name", "hlo_category", "hlo_module", "tf_op", "shape", "flops", "bytes_accessed")
 CLASS_COLUMNS = ("collective_kind", "category", "is_container", "wrapped", "host_transfer")
@@ -231,6 +233,13 @@ WHERE y.line <> 'Async XLA Ops' OR y.collective_kind IS NOT NULL""")
 
 
 
+# a device op line (tpuanalyze.keys.is_op_line) in SQL, of lines ``l`` joined to their planes ``p``
+# (the names hold no LIKE wildcards but the prefixes' trailing ``%``)
+OP_LINES_SQL = ("(" + " OR ".join(f"p.name LIKE '{prefix}%'" for prefix in DEVICE_PLANE_PREFIXES) + ") "
+                "AND (l.name IN (" + ", ".join(f"'{name}'" for name in OP_LINE_NAMES) + ") "
+                f"OR l.name LIKE '{STREAM_LINE_PREFIX}%')")
+
+
 def op_lines_select(subs: dict[str, str]) -> str:
     """The batch's op lines (a few per device: XLA Ops, Async XLA Ops, GPU streams of an accelerator
     plane) with their device, numbered 1.. in (host, plane, line) order (``line_key``)."""
@@ -240,8 +249,7 @@ def op_lines_select(subs: dict[str, str]) -> str:
        CAST(row_number() OVER (ORDER BY l.host, l.plane_index, l.line_index) AS INTEGER) AS line_key
 FROM lines l JOIN planes p USING (run_id, host, plane_index)
 WHERE l.{run} AND {l_host} AND l.run_id IN (SELECT run_id FROM {subs['att_runs']})
-  AND (p.name LIKE '/device:TPU:%' OR p.name LIKE '/device:GPU:%')
-  AND (l.name IN ('XLA Ops', 'Async XLA Ops') OR l.name LIKE 'Stream #%')"""
+  AND {OP_LINES_SQL}"""
 
 
 def batch_relation(subs: dict[str, str], table: str, alias: str) -> str:

@@ -40,10 +40,8 @@ from tpuanalyze.store.load import (
 )
 from tpuanalyze.store.parts import HOST_TABLES, HostParts, group_part_dir
 
-from tpuanalyze.keys import columns_in
+from tpuanalyze.keys import columns_in, is_op_line, lookup
 
-# Entries of a dense lookup table (host, plane, line) -> flag, above which a sorted search is used
-LOOKUP_LIMIT = 1 << 22
 _ARROW_OF = {"INTEGER": "int32", "BIGINT": "int64", "UBIGINT": "uint64", "DOUBLE": "float64",
              "VARCHAR": "string", "JSON": "string", "BOOLEAN": "bool_"}
 
@@ -205,42 +203,24 @@ class BatchTables:
 
     def op_line_mask(self) -> np.ndarray:
         """Per ``event_rows`` row (in order): whether it lies on a device op line (stage att_ops' device
-        branch: an 'XLA Ops', 'Async XLA Ops' or 'Stream #...' line of a /device:TPU or /device:GPU
-        plane)."""
+        branch, ``tpuanalyze.keys.is_op_line``)."""
         events = self.columns("event_rows")
         if events is None:
             return np.zeros(0, bool)
         lines, planes = self.columns("lines"), self.columns("planes")
         if lines is None or planes is None:
             return np.zeros(len(events["host_code"]), bool)
-        device = {(self.host_names("planes")[h], int(p)) for h, p, name in
-                  zip(planes["host_code"].tolist(), planes["plane_index"].tolist(), planes["name"].tolist(),
-                      strict=True)
-                  if isinstance(name, str) and name.startswith(("/device:TPU:", "/device:GPU:"))}
-        line_hosts = self.host_names("lines")
-        op_lines = {(h, int(p), int(i)) for h, p, i, name in
-                    zip((line_hosts[c] for c in lines["host_code"].tolist()), lines["plane_index"].tolist(),
+        plane_hosts, line_hosts = self.host_names("planes"), self.host_names("lines")
+        plane_name = {(plane_hosts[h], int(p)): name for h, p, name in
+                      zip(planes["host_code"].tolist(), planes["plane_index"].tolist(),
+                          planes["name"].tolist(), strict=True)}
+        code = {h: i for i, h in enumerate(self.host_names("event_rows"))}
+        op_lines = [(code[line_hosts[h]], int(p), int(i)) for h, p, i, name in
+                    zip(lines["host_code"].tolist(), lines["plane_index"].tolist(),
                         lines["line_index"].tolist(), lines["name"].tolist(), strict=True)
-                    if (h, int(p)) in device and isinstance(name, str)
-                    and (name in ("XLA Ops", "Async XLA Ops") or name.startswith("Stream #"))}
-        if not op_lines:
-            return np.zeros(len(events["host_code"]), bool)
-        event_hosts = self.host_names("event_rows")
-        code = {h: i for i, h in enumerate(event_hosts)}
-        found = [(code[h], p, i) for h, p, i in op_lines if h in code]
-        host, plane, line = (events["host_code"].astype(np.int64), events["plane_index"].astype(np.int64),
-                             events["line_index"].astype(np.int64))
-        n_plane, n_line = int(plane.max()) + 1, int(line.max()) + 1
-        dense = len(event_hosts) * n_plane * n_line <= LOOKUP_LIMIT
-        if dense and int(plane.min()) >= 0 and int(line.min()) >= 0:
-            # a flag per (host, plane, line): one gather per event
-            table = np.zeros(len(event_hosts) * n_plane * n_line, bool)
-            for h, p, i in found:
-                if p < n_plane and i < n_line:
-                    table[(h * n_plane + p) * n_line + i] = True
-            return table[(host * n_plane + plane) * n_line + line]
-        keys = np.array([(h << 42) | (p << 21) | i for h, p, i in found], dtype=np.int64)
-        return np.isin((host << 42) | (plane << 21) | line, keys)
+                    if line_hosts[h] in code and is_op_line(plane_name.get((line_hosts[h], int(p))), name)]
+        ids = np.stack([events[c].astype(np.int64) for c in ("host_code", "plane_index", "line_index")])
+        return lookup(np.array(op_lines, dtype=np.int64).T, np.ones(len(op_lines), bool), ids, default=False)
 
     def off_op_lines(self) -> Callable[[str, dict[str, np.ndarray]], np.ndarray | None]:
         """``write_parts``' ``keep`` leaving out the events of device op lines, their details, and the

@@ -198,11 +198,16 @@ def test_a_batchs_arrow_tables_are_the_rows_its_parts_store(path: Path, tmp_path
 
 @pytest.mark.parametrize("name", ["generated/resnet50_v3-32_baseline", "jax_cpu/pmap8_input_bound",
                                   "scaling/gnmt_64"])
-def test_a_batchs_flags_from_its_arrays_are_att_runs(name: str, tmp_path: Path) -> None:
+def test_a_batchs_flags_from_its_arrays_are_att_runs(name: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also where the batch's ids are too sparse for a dense (host, plane, line) table (forced here: no
+    dense table at all): its lines are then found by a sorted search, never an error."""
     from string import Template
 
     from tpuanalyze.analyzer.attribution import RUN_FLAGS, _substitutions, load_stages, run_flags
     from tpuanalyze.analyzer.batch_engine import batch_flags
+
+    from tpuanalyze import keys
 
     batch, items, t0 = _batch([SAMPLES / name])
     con = duckdb.connect()
@@ -214,6 +219,10 @@ def test_a_batchs_flags_from_its_arrays_are_att_runs(name: str, tmp_path: Path) 
     con.execute(f"CREATE TABLE flags AS {sql}")
     assert batch_flags(batch) == run_flags(con, "flags")
     assert set(batch_flags(batch)) == set(RUN_FLAGS)
+    mask = batch.op_line_mask()
+    monkeypatch.setattr(keys, "DENSE_LOOKUP_LIMIT", 0)
+    assert batch_flags(batch) == run_flags(con, "flags")
+    assert np.array_equal(batch.op_line_mask(), mask)
 
 
 def test_op_rows_from_arrays_equal_the_sql_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
