@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuanalyze.errors import TpuAnalyzeError
 from tpuanalyze.pipeline.tasks import (
@@ -46,6 +46,9 @@ from tpuanalyze.pipeline.tasks import (
     map_hosts,
     probe_host,
 )
+
+if TYPE_CHECKING:
+    from tpuanalyze.store.parts import HostParts
 
 INSTALL_HINT = "pip install 'tpuanalyze[cluster]'"
 # Seconds to reach the scheduler, then for a first worker to be connected to it (a cluster being
@@ -79,6 +82,25 @@ class ShippedParts:
     blobs: dict[str, bytes]
 
 
+def _shipper(scratch: str, staging: str, blobs: dict[str, bytes]) -> Callable[[str], str]:
+    """A function that takes a file a task wrote under ``scratch`` (on the worker) into ``blobs``, by
+    the path it must have under ``staging`` (the client's), and returns that path."""
+
+    def ship(path: str) -> str:
+        target = str(Path(staging) / Path(path).relative_to(scratch))
+        blobs[target] = Path(path).read_bytes()
+        return target
+
+    return ship
+
+
+def _ship_parts(parts: list[HostParts] | None, ship: Callable[[str], str]) -> None:
+    """Ship every part file of the hosts' parts, each host's files renamed to their client paths."""
+    for host in parts or []:
+        for table, paths in host.files.items():
+            host.files[table] = [ship(path) for path in paths]
+
+
 def load_host_shipped(task: LoadTask) -> ShippedParts:
     """``load_host`` on a worker, into a scratch folder of the worker's own; the parts come back as
     bytes (the scratch folder is removed)."""
@@ -86,14 +108,7 @@ def load_host_shipped(task: LoadTask) -> ShippedParts:
     try:
         loaded = load_host(dataclasses.replace(task, staging=scratch, compact=True))
         blobs: dict[str, bytes] = {}
-        for host in loaded.parts or []:
-            for table, paths in host.files.items():
-                targets = []
-                for path in paths:
-                    target = str(Path(task.staging) / Path(path).relative_to(scratch))
-                    blobs[target] = Path(path).read_bytes()
-                    targets.append(target)
-                host.files[table] = targets
+        _ship_parts(loaded.parts, _shipper(scratch, task.staging, blobs))
         return ShippedParts(loaded, blobs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -115,16 +130,9 @@ def map_hosts_shipped(task: MapTask) -> ShippedMap:
     try:
         load = dataclasses.replace(task.load, staging=scratch, compact=True)
         mapped = map_hosts(dataclasses.replace(task, load=load))
-
-        def ship(path: str) -> str:
-            target = str(Path(task.load.staging) / Path(path).relative_to(scratch))
-            blobs[target] = Path(path).read_bytes()
-            return target
-
         blobs: dict[str, bytes] = {}
-        for host in mapped.parts or []:
-            for table, paths in host.files.items():
-                host.files[table] = [ship(path) for path in paths]
+        ship = _shipper(scratch, task.load.staging, blobs)
+        _ship_parts(mapped.parts, ship)
         if mapped.result is not None and mapped.result.op_rows:
             mapped.result.op_rows = ship(mapped.result.op_rows)
         return ShippedMap(mapped, blobs)
@@ -132,15 +140,9 @@ def map_hosts_shipped(task: MapTask) -> ShippedMap:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def unpack_map(shipped: ShippedMap) -> Mapped:
-    """Write a shipped map task's files where the client's staging folder expects them."""
-    unpack_parts(ShippedParts(Loaded(), shipped.blobs))
-    return shipped.mapped
-
-
-def unpack_parts(shipped: ShippedParts) -> Loaded:
-    """Write a shipped host's parts where the client's staging folder expects them."""
-    for target, data in shipped.blobs.items():
+def _write_blobs(blobs: dict[str, bytes]) -> None:
+    """Write shipped files where the client's staging folder expects them."""
+    for target, data in blobs.items():
         path = Path(target)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,6 +150,17 @@ def unpack_parts(shipped: ShippedParts) -> Loaded:
         except OSError as exc:
             reason = f"cannot write a host's Parquet part: {exc.strerror or exc}"
             raise TpuAnalyzeError(reason, target) from None
+
+
+def unpack_map(shipped: ShippedMap) -> Mapped:
+    """Write a shipped map task's files where the client's staging folder expects them."""
+    _write_blobs(shipped.blobs)
+    return shipped.mapped
+
+
+def unpack_parts(shipped: ShippedParts) -> Loaded:
+    """Write a shipped host's parts where the client's staging folder expects them."""
+    _write_blobs(shipped.blobs)
     return shipped.loaded
 
 

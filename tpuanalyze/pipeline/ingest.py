@@ -534,14 +534,14 @@ def _map_all(
                                  store_op_events=store_op_events or not mapped, analyze=mapped))
         per_run.append(len(groups))
     bar.phase("loading", sum(len(run_hosts) for run_hosts in hosts))
-    done = _map(executor, map_hosts, tasks, [t.input for t in tasks], bar, _map_counted)
+    done = _map(executor, map_hosts, tasks, [t.input for t in tasks], bar, _load_counted)
     loaded: list[list] = []
     results: list[list | None] = []
     start = 0
-    for run_index, (source, count) in enumerate(zip(sources, per_run, strict=True)):
+    for run_index, count in enumerate(per_run):
         run_done, run_tasks = done[start : start + count], tasks[start : start + count]
         start += count
-        settled = _settle(executor, source, run_tasks, run_done)
+        settled = _settle(executor, run_tasks, run_done)
         if settled is None and not all(t.store_op_events for t in run_tasks):
             # attributed from the database after all: it needs every event (loaded again, in full)
             remove_tree(staging / f"run-{run_index}")
@@ -553,7 +553,7 @@ def _map_all(
     return loaded, results
 
 
-def _settle(executor: Executor, source: RunSource, tasks: list[MapTask], done: list[Mapped]) -> list | None:
+def _settle(executor: Executor, tasks: list[MapTask], done: list[Mapped]) -> list | None:
     """The run's batch results once its batches agree with the run (``_map_all``), or None."""
     if not tasks or not tasks[0].analyze or not done:
         return None
@@ -579,23 +579,17 @@ def _settle(executor: Executor, source: RunSource, tasks: list[MapTask], done: l
         return results
     again = [dataclasses.replace(tasks[i], programs_run=programs) for i in redo]
     for i, mapped in zip(redo, _map(executor, map_hosts, again, [t.input for t in again],
-                                    IngestProgress(False), _map_counted), strict=True):
+                                    IngestProgress(False), _load_counted), strict=True):
         results[i] = mapped.result
     return results
-
-
-def _map_counted(task: MapTask, result: Mapped) -> list[tuple[str, int]]:
-    if result.parts is None:
-        return []
-    return [(Path(item.path).name, host.events) for item, host in zip(task.inputs, result.parts, strict=True)]
 
 
 def _probe_counted(item: HostInput, result: Probe) -> list[tuple[str, int]]:
     return [(Path(item.path).name, 0)]
 
 
-def _load_counted(task: LoadTask, result: Loaded) -> list[tuple[str, int]]:
-    """(file name, events) of each host of a load task, for the progress bar."""
+def _load_counted(task: LoadTask | MapTask, result: Loaded | Mapped) -> list[tuple[str, int]]:
+    """(file name, events) of each host of a load (or map) task, for the progress bar."""
     if result.parts is None:  # a failed host: the call stops
         return []
     return [(Path(item.path).name, host.events) for item, host in zip(task.inputs, result.parts, strict=True)]
