@@ -339,7 +339,7 @@ def narrow_from_batch(kinds: OpKinds, con: duckdb.DuckDBPyConnection, batch: Any
     # 4. each event's key: its line's name, its plane's metadata table and its metadata id; an event
     # with properties of its own, itself
     blocks = batch.metadata_blocks()
-    table_of_plane = {(host_code[h], p): t for h, p, t, _, _ in blocks if h in host_code}
+    table_of_plane = {(host_code[b.host], b.plane): b.table for b in blocks if b.host in host_code}
     table_of = lookup(np.array(list(table_of_plane), dtype=np.int64).T,
                       np.array(list(table_of_plane.values()), dtype=np.int64),
                       np.stack([e_host[chosen], e_plane[chosen]]), default=-1)
@@ -352,8 +352,8 @@ def narrow_from_batch(kinds: OpKinds, con: duckdb.DuckDBPyConnection, batch: Any
     # 5. the distinct keys' properties: their metadata row (in their table's first block), their details
     metadata = batch.columns("event_metadata")
     first_block: dict[int, tuple[int, int]] = {}
-    for _, _, t, first, n in blocks:
-        first_block.setdefault(t, (first, n))
+    for block in blocks:
+        first_block.setdefault(block.table, (block.first, block.rows))
     row_of: dict[int, dict[int, int]] = {}
     md_rows = np.full(len(u_name), -1, np.int64)
     for k, (t, m) in enumerate(zip((u_table - 1).tolist(), u_md.tolist(), strict=True)):

@@ -18,6 +18,7 @@ Memory: the batch's rows, once (a map task's batch is bounded by ``GROUP_EVENTS`
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,29 +70,38 @@ class _Kept(_Parts):
         return self.pending[0]
 
 
+@dataclass
+class MetadataBlock:
+    """A plane's block of ``event_metadata`` rows in a batch: rows ``first``.. ``first + rows`` of the
+    kept table, ``columns`` the loader's numpy columns of those rows, ``table`` the number of the
+    metadata table object they came from (``_KeptMetadata``)."""
+
+    host: str
+    plane: int
+    table: int
+    first: int
+    rows: int
+    columns: dict[str, np.ndarray]
+
+
 class _KeptMetadata(_Kept):
     """``event_metadata`` kept, with each plane's block of rows and which table it is: the reader hands
     the planes (and hosts) whose metadata tables are the same bytes one table object (parsers/
     xspace.py), so blocks of one object hold the same rows, and an op's kind is a function of its line,
-    its block's table and its metadata id (analyzer/op_arrays.py)."""
+    its block's table and its metadata id (analyzer/op_arrays.py). A table is known by the ``id`` of its
+    ``metadata_id`` array, which its blocks' columns keep alive (an id is not reused meanwhile)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.blocks: list[tuple[str, int, int, int, int]] = []  # host, plane, table, first row, rows
-        self.block_columns: list[tuple[str, int, dict[str, np.ndarray], int]] = []  # host, table, columns
+        self.blocks: list[MetadataBlock] = []
         self._tables: dict[int, int] = {}  # id(the table's metadata_id array) -> table number
-        self._alive: list[np.ndarray] = []  # (the arrays whose ids number the tables stay alive)
 
     def add(self, columns: dict[str, np.ndarray], host: str) -> None:
         rows = len(next(iter(columns.values())))
         if rows:
-            ids = columns["metadata_id"]
-            table = self._tables.setdefault(id(ids), len(self._tables))
-            if table == len(self._alive):
-                self._alive.append(ids)
-            plane = int(columns["plane_index"][0])
-            self.blocks.append((host, plane, table, self.rows, rows))
-            self.block_columns.append((host, table, columns, rows))
+            table = self._tables.setdefault(id(columns["metadata_id"]), len(self._tables))
+            self.blocks.append(MetadataBlock(host, int(columns["plane_index"][0]), table, self.rows, rows,
+                                             columns))
         super().add(columns, host)
 
 
@@ -149,9 +159,9 @@ class BatchTables:
     def host_names(self, table: str) -> list[str]:
         return list(self._writer.parts[table].hosts)
 
-    def metadata_blocks(self) -> list[tuple[str, int, int, int, int]]:
-        """Each plane's block of ``event_metadata`` rows: (host, plane_index, table number, first row,
-        rows); blocks of one table number hold the same rows (``_KeptMetadata``)."""
+    def metadata_blocks(self) -> list[MetadataBlock]:
+        """Each plane's block of ``event_metadata`` rows; blocks of one table number hold the same rows
+        (``_KeptMetadata``)."""
         return list(self._writer.parts["event_metadata"].blocks)  # type: ignore[attr-defined]
 
     def arrow(self, table: str, run_id: int, rows: np.ndarray | None = None) -> Any:
@@ -174,21 +184,21 @@ class BatchTables:
     def _metadata_arrow(self, run_id: int) -> Any:
         import pyarrow as pa
 
-        kept = self._writer.parts["event_metadata"]
-        blocks = kept.block_columns  # type: ignore[attr-defined]
+        blocks = self.metadata_blocks()
         if not blocks:
             return self.arrow("event_metadata", run_id, np.arange(0))
         converted: dict[int, Any] = {}
         pieces = []
-        for host, table_number, columns, n in blocks:
-            if table_number not in converted:
-                converted[table_number] = _as_arrow("event_metadata", columns, np.arange(n),
-                                                     pa.nulls(n, pa.string()), run_id)
-            piece = converted[table_number]
+        for block in blocks:
+            n = block.rows
+            if block.table not in converted:
+                converted[block.table] = _as_arrow("event_metadata", block.columns, np.arange(n),
+                                                   pa.nulls(n, pa.string()), run_id)
+            piece = converted[block.table]
             host_column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
-                                                         pa.array([host], type=pa.string()))
+                                                         pa.array([block.host], type=pa.string()))
             piece = piece.set_column(piece.schema.get_field_index("host"), "host", host_column)
-            plane = pa.array(np.full(n, int(columns["plane_index"][0]), np.int32))
+            plane = pa.array(np.full(n, block.plane, np.int32))
             pieces.append(piece.set_column(piece.schema.get_field_index("plane_index"), "plane_index", plane))
         return pa.concat_tables(pieces)
 
