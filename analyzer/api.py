@@ -31,12 +31,7 @@ from tpuanalyze.analyzer.input import host_input_work, input_frame
 from tpuanalyze.analyzer.mapped import materialize_mapped
 from tpuanalyze.analyzer.notes import step_program_note, trace_notes
 from tpuanalyze.analyzer.ops import ops_frame
-from tpuanalyze.analyzer.per_host import (
-    host_batches,
-    largest_batch_events,
-    materialize_per_host,
-    run_events,
-)
+from tpuanalyze.analyzer.per_host import host_batches, largest_batch_events, materialize_per_host
 from tpuanalyze.analyzer.platform import advice_platform, workload_mode
 from tpuanalyze.analyzer.resources import scratch_database
 from tpuanalyze.analyzer.roofline import add_roofline, device_peaks, programs_roofline, roofline_summary
@@ -181,12 +176,14 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int,
     con.execute("SET enable_progress_bar = false")  # no DuckDB bars on the user's stdout
     try:
         batches = host_batches(con, run_id)
+        largest = largest_batch_events(con, run_id)
         # a small run at once by the whole-run SQL; a larger one batch by batch, with the batch engine,
-        # also when it is one large host (6M events: 36 -> 9 s, 5.1 -> 1.5 GB, the same JSON)
-        if len(batches) < 2 and run_events(con, run_id) <= per_host.BATCH_EVENTS:
+        # also when it is one large host (6M events: 36 -> 9 s, 5.1 -> 1.5 GB, the same JSON); a batch
+        # exceeds BATCH_EVENTS only as a single host, so this is "the whole run within BATCH_EVENTS"
+        if len(batches) < 2 and largest <= per_host.BATCH_EVENTS:
             rel = materialize_run(con, run_id, config)
             return _analyze(con, run_id, run, config, rel)
-        with scratch_database(con, largest_batch_events(con, run_id)):
+        with scratch_database(con, largest):
             reduce = BatchReduce(run_id, keep_warmup=bool(config["warmup"].get("keep")))
             rel = materialize_per_host(con, run_id, config, batches, on_batch=reduce.add_batch)
             reduce.finish(con)

@@ -91,12 +91,6 @@ def run_hosts(con: duckdb.DuckDBPyConnection, run_id: int) -> list[str]:
     return [r[0] for r in rows.fetchall()]
 
 
-def run_events(con: duckdb.DuckDBPyConnection, run_id: int) -> int:
-    """The run's events (its planes' counts)."""
-    row = con.execute("SELECT sum(num_events) FROM planes WHERE run_id = ?", [int(run_id)]).fetchall()
-    return int(row[0][0] or 0) if row else 0
-
-
 def largest_batch_events(con: duckdb.DuckDBPyConnection, run_id: int) -> int:
     """Events of the largest batch: BATCH_EVENTS, or the largest host when it has more."""
     row = con.execute("SELECT max(n) FROM (SELECT sum(num_events) AS n FROM planes WHERE run_id = ? "
