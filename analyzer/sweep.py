@@ -221,12 +221,14 @@ class OpSteps:
                  name: str, columns: str = _OP_STEPS_COLUMNS) -> None:
         self._con, self._name = con, name
         key = "hash(run_id::BIGINT, host, {device}::BIGINT)"
-        ops = con.execute(f"SELECT rowid AS i, {key.format(device='device')} AS k, start_ps "
+        # the ops in scan order, the order the POSITIONAL JOIN below pairs them in: ``att_ops`` may be
+        # a registered Arrow table (op_arrays' rows), which has no rowid
+        ops = con.execute(f"SELECT {key.format(device='device')} AS k, start_ps "
                           f"FROM {att_ops}").fetchnumpy()
         steps = con.execute(f"SELECT {key.format(device='device_ordinal')} AS k, start_ps, duration_ps, "
                             f"step_num, is_eval FROM {step_breakdown} WHERE device_ordinal IS NOT NULL "
                             f"ORDER BY k, start_ps").fetchnumpy()
-        n = len(ops["i"])
+        n = len(ops["k"])
         op_key = _np(ops["k"], np.uint64)
         order = np.argsort(op_key, kind="stable")  # the ops grouped by device
         s_start = _np(steps["start_ps"], np.int64)
@@ -234,8 +236,7 @@ class OpSteps:
         found[order] = _latest_step(op_key[order], _np(ops["start_ps"], np.int64)[order],
                                     _np(steps["k"], np.uint64), s_start,
                                     s_start + _np(steps["duration_ps"], np.int64))
-        at = np.empty(n, np.int64)  # the step row of each op, in the table's row order (-1: none)
-        at[_np(ops["i"], np.int64)] = found
+        at = found  # the step row of each op, in the table's row order (-1: none)
         none = at < 0
         pick = np.maximum(at, 0)
 
