@@ -14,8 +14,8 @@ thousand rows (steps, programs, eval spans, the device breakdown's wall and cycl
 - device_breakdown: its SQL, over the elementary intervals outside steps only (the only ones it reads);
 - op_steps: each op's step found in numpy (the stage's ASOF rule).
 
-Each relation has the stage's columns, types and rows (tests/test_batch_engine.py compares them with
-the stages' SQL on every capture); floating sums may differ in their last digits (summation order).
+Each relation has the stage's columns, types and rows (tests/test_batch_engine.py compares the reports
+with the stages' SQL's on every capture); floating sums may differ in their last digits (summation order).
 ``TPUANALYZE_BATCH_ENGINE=0`` runs the stages' SQL instead.
 """
 

@@ -7,7 +7,8 @@ attribution time). Here SQL does what is small or a scan (the op lines; the op e
 line number; each distinct key's properties and class, as the SQL form reads and classifies them) and
 numpy does what is per op: the distinct keys of the events (``numpy.unique`` on one packed integer)
 and each op's kind through the keys' inverse index. Same rows, columns and types as the SQL form
-(tests/test_op_arrays.py checks it on every capture); the SQL form stays the definition.
+(tests/test_map_analysis.py: a map task's rows made from arrays, from fetched arrays and in SQL;
+tests/test_batch_engine.py: every capture's report); the SQL form stays the definition.
 """
 
 from __future__ import annotations
@@ -276,7 +277,7 @@ def narrow_from_batch(kinds: OpKinds, con: duckdb.DuckDBPyConnection, batch: Any
     of which is the batch's): the op events straight from its arrays, and an op's key its line's name,
     its plane's metadata table and its metadata id (the planes and hosts that share a metadata table
     share its keys: a pod batch's million ops have a few hundred), so only the distinct keys are
-    looked up and classified. The same rows and kinds as the SQL form (tests/test_op_arrays.py)."""
+    looked up and classified. The same rows and kinds as the SQL form (tests/test_map_analysis.py)."""
     import pyarrow as pa
 
     keys = f"{local}op_keys"

@@ -4,7 +4,7 @@
 with sinks that keep each table's numpy columns instead of writing them. Then:
 
 - ``arrow(table)`` is the table's rows as an Arrow table with the database's columns and types (what
-  the loader's SQL casts write, ``store.load.part_select``, built in numpy: tests/test_store_batch.py
+  the loader's SQL casts write, ``store.load.part_select``, built in numpy: tests/test_map_analysis.py
   compares them), so ``register`` can give a DuckDB connection the batch as the base tables
   (``planes``, ``lines``, ``event_metadata``, ``event_rows``, ``event_details``) without inserting
   a row: the analyzer's SQL reads them as it reads the database;
