@@ -101,3 +101,32 @@ def test_a_batch_the_sweep_hands_back_to_sql_reports_the_same(sample_captures: C
     fallback = _analyse(sample_captures.db, ONE_HOST, monkeypatch)
     assert len(handed) == built > 0
     _same(engine, fallback)
+
+
+def test_a_map_task_the_sweep_hands_back_to_sql_returns_the_same(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same hand-back in a map worker (analyzer/batch_map.py), whose op rows go to a Parquet file:
+    the same op rows and relations."""
+    import tempfile
+
+    from test_map_analysis import SAMPLES, _batch
+    from tpuanalyze.analyzer.api import load_thresholds
+
+    from tpuanalyze.pipeline.tasks import LoadTask, MapTask, map_hosts
+
+    _, items, t0 = _batch([SAMPLES / "generated" / "resnet50_v3-32_input-bound"])
+    seen = {}
+    handed = []
+    for mode in ("engine", "handed back"):
+        if mode == "handed back":
+            monkeypatch.setattr(per_host, "sweep_batch", lambda *a, **k: handed.append(1))
+        task = MapTask(LoadTask(tuple(items), t0, tempfile.mkdtemp(dir=tmp_path), False), load_thresholds(),
+                       0, "xspace", store_op_events=False)
+        result = map_hosts(task).result
+        con = duckdb.connect()
+        con.register("k", result.kinds)
+        rows = con.execute(f"SELECT o.* EXCLUDE (kind_id), k.* EXCLUDE (kind_id) FROM read_parquet("
+                           f"'{result.op_rows}') o JOIN k USING (kind_id) ORDER BY ALL").fetchall()
+        seen[mode] = (rows, {name: sorted(map(str, t.to_pylist())) for name, t in result.relations.items()})
+    assert handed and seen["engine"][0]
+    assert seen["engine"] == seen["handed back"]
