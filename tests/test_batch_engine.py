@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import CaptureSet
-from test_per_host import ONE_HOST, _analyse, _ingest, _same
+from test_per_host import ONE_HOST, _analyse, _same, four_host_pod, host_count
 from tpuanalyze.analyzer import per_host
 from tpuanalyze.analyzer.api import RunAnalysis
 
@@ -67,13 +67,8 @@ def test_shared_captures_report_the_same_with_the_engine(shared_captures: Captur
 def test_generated_pods_report_the_same_with_the_engine(tmp_path: Path, scenario: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A 4-host pod batch by batch: collectives matched across hosts, eval steps, a slow host."""
-    from tpuanalyze.generator import generate
-
-    out = tmp_path / "logs"
-    generate(model="resnet50", chips=16, steps=4, scenario=scenario, seed=2, out=out)
-    db = _ingest([out], tmp_path / "g.duckdb")
-    with duckdb.connect(str(db), read_only=True) as con:
-        hosts = con.execute("SELECT count(DISTINCT host) FROM planes").fetchone()[0]
+    db = four_host_pod(tmp_path, seed=2, scenario=scenario, steps=4)
+    hosts = host_count(db)
     sql, engine, built = _both_ways(db, monkeypatch)
     assert built == hosts >= 4, "every host's batch built by the engine"
     assert sql[0].summary["steps"] > 0 and sql[0].summary["collectives"]

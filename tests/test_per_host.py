@@ -66,26 +66,27 @@ def _ingest(paths: list[Path], db: Path) -> Path:
     return db
 
 
-def four_host_pod(tmp_path: Path, seed: int) -> Path:
-    """The database of a generated 16-chip (4-host) ResNet-50 pod with a straggler, 3 steps."""
+def four_host_pod(tmp_path: Path, seed: int, scenario: str = "straggler", steps: int = 3) -> Path:
+    """The database of a generated 16-chip (4-host) ResNet-50 pod (default: with a straggler, 3 steps)."""
     from tpuanalyze.generator import generate
 
     out = tmp_path / "logs"
-    generate(model="resnet50", chips=16, steps=3, scenario="straggler", seed=seed, out=out)
+    generate(model="resnet50", chips=16, steps=steps, scenario=scenario, seed=seed, out=out)
     return _ingest([out], tmp_path / "g.duckdb")
+
+
+def host_count(db: Path) -> int:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return int(con.execute("SELECT count(DISTINCT host) FROM planes").fetchone()[0])
 
 
 @pytest.mark.parametrize("scenario", ["baseline", "straggler", "input-bound"])
 def test_generated_pod_batched_equals_whole_run(tmp_path: Path, scenario: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A generated 4-host run (collectives across hosts, a straggler host, a slow input host)."""
-    from tpuanalyze.generator import generate
-
-    out = tmp_path / "logs"
-    generate(model="resnet50", chips=16, steps=4, scenario=scenario, seed=1, out=out)
-    db = _ingest([out], tmp_path / "g.duckdb")
+    db = four_host_pod(tmp_path, seed=1, scenario=scenario, steps=4)
+    hosts = host_count(db)
     con = duckdb.connect(str(db), read_only=True)
-    hosts = con.execute("SELECT count(DISTINCT host) FROM planes").fetchone()[0]
     assert len(per_host.host_batches(con, 1, ONE_HOST)) == hosts >= 4
     assert len(per_host.host_batches(con, 1, WHOLE_RUN)) == 1
     con.close()
