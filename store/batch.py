@@ -142,9 +142,11 @@ class BatchTables:
                                             FLUSH_EVENTS if table in EVENT_PART_TABLES else FLUSH_PLANE_ROWS,
                                             "snappy")
         self.hosts: list[HostParts] = []
+        self._op_line_mask: np.ndarray | None = None  # (the parts' keep and the map's events read it)
 
     def add(self, reader: HostReader) -> HostParts:
         """Read one host (the loader's rows of every table, kept)."""
+        self._op_line_mask = None
         load = self._writer.add_host(reader, self.run_t0_ns)
         parts = HostParts(host=reader.host, planes=load.counts.planes, events=load.counts.events,
                           devices=load.devices, device_type=load.device_type,
@@ -213,7 +215,12 @@ class BatchTables:
 
     def op_line_mask(self) -> np.ndarray:
         """Per ``event_rows`` row (in order): whether it lies on a device op line (stage att_ops' device
-        branch, ``tpuanalyze.keys.is_op_line``)."""
+        branch, ``tpuanalyze.keys.is_op_line``); found once per set of hosts."""
+        if self._op_line_mask is None:
+            self._op_line_mask = self._find_op_lines()
+        return self._op_line_mask
+
+    def _find_op_lines(self) -> np.ndarray:
         events = self.columns("event_rows")
         if events is None:
             return np.zeros(0, bool)

@@ -196,6 +196,27 @@ def test_a_batchs_arrow_tables_are_the_rows_its_parts_store(path: Path, tmp_path
         con.unregister("a")
 
 
+def test_a_batchs_op_lines_are_found_again_when_a_host_is_added(tmp_path: Path) -> None:
+    """``op_line_mask`` is kept once found, until the batch reads another host."""
+    from tpuanalyze.generator import generate
+    from tpuanalyze.store.batch import BatchTables
+
+    from tpuanalyze.pipeline.tasks import _add_host
+
+    generate(model="resnet50", chips=16, steps=2, scenario="baseline", seed=1, out=tmp_path / "logs")
+    whole, items, t0 = _batch([tmp_path / "logs"])
+    assert len(items) >= 2
+    batch = BatchTables(duckdb.connect(), t0)
+    _add_host(batch, items[0], False)
+    first = batch.op_line_mask()
+    for item in items[1:]:
+        _add_host(batch, item, False)
+    mask = batch.op_line_mask()
+    assert len(first) < len(mask) == len(whole.columns("event_rows")["host_code"])
+    assert first.any() and np.array_equal(mask, whole.op_line_mask())
+    assert np.array_equal(mask[: len(first)], first)
+
+
 @pytest.mark.parametrize("name", ["generated/resnet50_v3-32_baseline", "jax_cpu/pmap8_input_bound",
                                   "scaling/gnmt_64"])
 def test_a_batchs_flags_from_its_arrays_are_att_runs(name: str, tmp_path: Path,
@@ -222,7 +243,8 @@ def test_a_batchs_flags_from_its_arrays_are_att_runs(name: str, tmp_path: Path,
     mask = batch.op_line_mask()
     monkeypatch.setattr(keys, "DENSE_LOOKUP_LIMIT", 0)
     assert batch_flags(batch) == run_flags(con, "flags")
-    assert np.array_equal(batch.op_line_mask(), mask)
+    fresh, _, _ = _batch([SAMPLES / name])  # (a batch finds its op lines once: another one, searched)
+    assert np.array_equal(fresh.op_line_mask(), mask)
 
 
 def test_op_rows_from_arrays_equal_the_sql_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
