@@ -232,11 +232,10 @@ class OpSteps:
         op_key = _np(ops["k"], np.uint64)
         order = np.argsort(op_key, kind="stable")  # the ops grouped by device
         s_start = _np(steps["start_ps"], np.int64)
-        found = np.empty(n, np.int64)
-        found[order] = _latest_step(op_key[order], _np(ops["start_ps"], np.int64)[order],
-                                    _np(steps["k"], np.uint64), s_start,
-                                    s_start + _np(steps["duration_ps"], np.int64))
-        at = found  # the step row of each op, in the table's row order (-1: none)
+        at = np.empty(n, np.int64)  # the step row of each op, in the table's row order (-1: none)
+        at[order] = _latest_step(op_key[order], _np(ops["start_ps"], np.int64)[order],
+                                 _np(steps["k"], np.uint64), s_start,
+                                 s_start + _np(steps["duration_ps"], np.int64))
         none = at < 0
         pick = np.maximum(at, 0)
 
