@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
 import pytest
 from conftest import CaptureSet
 from test_per_host import ONE_HOST, _analyse, _same, four_host_pod, host_count
@@ -15,9 +14,9 @@ from tpuanalyze.analyzer import per_host
 from tpuanalyze.analyzer.api import RunAnalysis
 
 
-def _with_engine(db: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[RunAnalysis], int]:
-    """Every run of ``db`` analysed host by host with the batch engine, and how many batches it built (a
-    run on accelerator op lines uses it, a CPU-only one does not)."""
+def _analysed(db: Path, monkeypatch: pytest.MonkeyPatch, engine: str) -> tuple[list[RunAnalysis], int]:
+    """Every run of ``db`` analysed host by host, TPUANALYZE_BATCH_ENGINE=``engine``, and how many batches
+    the engine built (a run on accelerator op lines uses it, a CPU-only one does not)."""
     built = []
     real = per_host.sweep_batch
 
@@ -27,25 +26,17 @@ def _with_engine(db: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[RunAna
 
     with monkeypatch.context() as m:
         m.setattr(per_host, "sweep_batch", counted)
-        m.setenv("TPUANALYZE_BATCH_ENGINE", "1")
+        m.setenv("TPUANALYZE_BATCH_ENGINE", engine)
         return _analyse(db, ONE_HOST, m), len(built)
 
 
 def _both_ways(db: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[RunAnalysis], list[RunAnalysis], int]:
-    """Every run of ``db`` analysed host by host with the stages' SQL, then with the batch engine (and
-    the batches it built)."""
-    with monkeypatch.context() as m:
-        m.setenv("TPUANALYZE_BATCH_ENGINE", "0")
-        sql = _analyse(db, ONE_HOST, m)
-    return (sql, *_with_engine(db, monkeypatch))
-
-
-def _without_engine_calls(db: Path, monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setenv("TPUANALYZE_BATCH_ENGINE", "0")
-    calls = []
-    monkeypatch.setattr(per_host, "sweep_batch", lambda *a, **k: calls.append(1))
-    _analyse(db, ONE_HOST, monkeypatch)
-    return len(calls)
+    """Every run of ``db`` analysed host by host with the stages' SQL (which must build no batch with the
+    engine, else the comparison compares the engine with itself), then with the batch engine (and the
+    batches it built)."""
+    sql, sql_built = _analysed(db, monkeypatch, "0")
+    assert sql_built == 0, "TPUANALYZE_BATCH_ENGINE=0 runs the stages' SQL"
+    return (sql, *_analysed(db, monkeypatch, "1"))
 
 
 def test_bundled_captures_report_the_same_with_the_engine(sample_captures: CaptureSet,
@@ -75,17 +66,11 @@ def test_generated_pods_report_the_same_with_the_engine(tmp_path: Path, scenario
     _same(sql, engine)
 
 
-def test_engine_off_runs_no_engine(sample_captures: CaptureSet, monkeypatch: pytest.MonkeyPatch) -> None:
-    """TPUANALYZE_BATCH_ENGINE=0 really is the stages' SQL (else the comparisons above compare the
-    engine with itself)."""
-    assert _without_engine_calls(sample_captures.db, monkeypatch) == 0
-
-
 def test_a_batch_the_sweep_hands_back_to_sql_reports_the_same(sample_captures: CaptureSet,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A span without a time makes ``sweep_batch`` hand its batch to the stages' SQL mid-way, over op
     rows the numpy form already made (a registered Arrow table, no rowid): the same report."""
-    engine, built = _with_engine(sample_captures.db, monkeypatch)
+    engine, built = _analysed(sample_captures.db, monkeypatch, "1")
     handed = []
 
     def hand_back(*args, **kwargs):
@@ -102,26 +87,12 @@ def test_a_map_task_the_sweep_hands_back_to_sql_returns_the_same(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The same hand-back in a map worker (analyzer/batch_map.py), whose op rows go to a Parquet file:
     the same op rows and relations."""
-    import tempfile
-
-    from test_map_analysis import SAMPLES, _batch
-    from tpuanalyze.analyzer.api import load_thresholds
-
-    from tpuanalyze.pipeline.tasks import LoadTask, MapTask, map_hosts
+    from test_map_analysis import SAMPLES, _batch, map_task_rows
 
     _, items, t0 = _batch([SAMPLES / "generated" / "resnet50_v3-32_input-bound"])
-    seen = {}
+    engine = map_task_rows(items, t0, tmp_path)
     handed = []
-    for mode in ("engine", "handed back"):
-        if mode == "handed back":
-            monkeypatch.setattr(per_host, "sweep_batch", lambda *a, **k: handed.append(1))
-        task = MapTask(LoadTask(tuple(items), t0, tempfile.mkdtemp(dir=tmp_path), False), load_thresholds(),
-                       0, "xspace", store_op_events=False)
-        result = map_hosts(task).result
-        con = duckdb.connect()
-        con.register("k", result.kinds)
-        rows = con.execute(f"SELECT o.* EXCLUDE (kind_id), k.* EXCLUDE (kind_id) FROM read_parquet("
-                           f"'{result.op_rows}') o JOIN k USING (kind_id) ORDER BY ALL").fetchall()
-        seen[mode] = (rows, {name: sorted(map(str, t.to_pylist())) for name, t in result.relations.items()})
-    assert handed and seen["engine"][0]
-    assert seen["engine"] == seen["handed back"]
+    monkeypatch.setattr(per_host, "sweep_batch", lambda *a, **k: handed.append(1))
+    handed_back = map_task_rows(items, t0, tmp_path)
+    assert handed and engine[0]
+    assert engine == handed_back

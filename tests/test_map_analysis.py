@@ -247,29 +247,33 @@ def test_a_batchs_flags_from_its_arrays_are_att_runs(name: str, tmp_path: Path,
     assert np.array_equal(fresh.op_line_mask(), mask)
 
 
-def test_op_rows_from_arrays_equal_the_sql_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A map task's op rows (and every relation it returns) are the same made from its arrays, from its
-    registered tables by SQL-fetched arrays, and all in SQL."""
+def map_task_rows(items: list, t0: int, tmp_path: Path) -> tuple[list, dict[str, list[str]]]:
+    """One map task over ``items``: its op rows (joined to their kinds, sorted) and its relations' rows."""
     import tempfile
 
     from tpuanalyze.analyzer.op_kinds import KIND_COLUMNS
 
     from tpuanalyze.pipeline.tasks import LoadTask, MapTask, map_hosts
 
+    task = MapTask(LoadTask(tuple(items), t0, tempfile.mkdtemp(dir=tmp_path), False), load_thresholds(),
+                   0, "xspace", store_op_events=False)
+    result = map_hosts(task).result
+    con = duckdb.connect()
+    con.register("k", result.kinds)
+    rows = con.execute(f"SELECT o.* EXCLUDE (kind_id), {', '.join('k.' + c for c in KIND_COLUMNS)} "
+                       f"FROM read_parquet('{result.op_rows}') o JOIN k USING (kind_id) "
+                       "ORDER BY ALL").fetchall()
+    return rows, {name: sorted(map(str, t.to_pylist())) for name, t in result.relations.items()}
+
+
+def test_op_rows_from_arrays_equal_the_sql_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A map task's op rows (and every relation it returns) are the same made from its arrays, from its
+    registered tables by SQL-fetched arrays, and all in SQL."""
     _, items, t0 = _batch([SAMPLES / "generated" / "resnet50_v3-32_weight-update-unsharded"])
     seen = {}
     for mode in ("arrays", "fetch", "sql"):
         monkeypatch.setenv("TPUANALYZE_OP_ROWS", mode)
-        task = MapTask(LoadTask(tuple(items), t0, tempfile.mkdtemp(dir=tmp_path), False), load_thresholds(),
-                       0, "xspace", store_op_events=False)
-        mapped = map_hosts(task)
-        con = duckdb.connect()
-        con.register("k", mapped.result.kinds)
-        rows = con.execute(f"SELECT o.* EXCLUDE (kind_id), {', '.join('k.' + c for c in KIND_COLUMNS)} "
-                           f"FROM read_parquet('{mapped.result.op_rows}') o JOIN k USING (kind_id) "
-                           "ORDER BY ALL").fetchall()
-        relations = {name: sorted(map(str, t.to_pylist())) for name, t in mapped.result.relations.items()}
-        seen[mode] = (rows, relations)
+        seen[mode] = map_task_rows(items, t0, tmp_path)
     assert seen["arrays"][0] and seen["arrays"] == seen["fetch"] == seen["sql"]
 
 
