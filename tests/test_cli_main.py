@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -87,3 +88,35 @@ def test_bad_thresholds_are_the_files_fault_before_any_query(tmp_path) -> None: 
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("tpuanalyze: error:")]
         assert line.startswith(f"tpuanalyze: error: {bad}: thresholds") and reason in line, line
+
+
+PROBE_MODULE = '''
+import time
+
+import click
+
+from tpuanalyze import cli
+
+
+@click.command()
+def probe() -> None:
+    # Ctrl-C while ``exec`` runs code from a string (as dataclasses and namedtuple do on import)
+    exec("import os, signal\\nos.kill(os.getpid(), signal.SIGINT)\\nfor _ in range(10**6): pass")
+    time.sleep(30)
+
+
+cli.cli.commands["probe"] = probe
+if __name__ == "__main__":
+    cli.main(["probe"])
+'''
+
+
+def test_ctrl_c_inside_exec_of_a_string_still_exits_130(tmp_path) -> None:  # noqa: ANN001
+    """CPython marks a KeyboardInterrupt raised in code ``exec`` runs from a string as unhandled, and a
+    process started with ``-m`` then kills itself with SIGINT at exit (-2) even though the CLI handled
+    it: the handler waits until the exec is over."""
+    (tmp_path / "sigprobe.py").write_text(PROBE_MODULE)
+    result = subprocess.run([sys.executable, "-m", "sigprobe"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip().splitlines() == ["tpuanalyze: interrupted"]

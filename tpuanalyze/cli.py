@@ -68,13 +68,17 @@ _SIGINT_RECEIVED = threading.Event()
 
 
 def _in_ignored_context(frame: object) -> bool:
-    """Whether the signal landed in code whose exceptions Python prints and ignores (a weakref
-    callback of the import machinery's module locks, a ``__del__``): raised there, the exception would
-    print a traceback and be lost."""
+    """Whether the signal landed where raising is unsafe: code whose exceptions Python prints and
+    ignores (a weakref callback of the import machinery's module locks, a ``__del__``), where the
+    exception would print a traceback and be lost; or code ``exec``/``eval`` runs from a string
+    (dataclasses and namedtuple build their methods so while a module is imported), where CPython
+    (``PyRun_StringFlags``) marks a KeyboardInterrupt as unhandled even once we have handled it, and
+    the process then kills itself with SIGINT at exit (status -2, not 130)."""
     code = getattr(frame, "f_code", None)
     if code is None:
         return False
-    return code.co_name == "__del__" or (code.co_name == "cb" and "importlib" in code.co_filename)
+    return (code.co_name == "__del__" or (code.co_name == "cb" and "importlib" in code.co_filename)
+            or (code.co_name == "<module>" and code.co_filename == "<string>"))
 
 
 def _again_soon(signum: int) -> None:
