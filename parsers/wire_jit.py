@@ -239,6 +239,43 @@ def decode_stats(buf, starts, ends, mid, number, f64, u64, i64, ref, str_start, 
     return 0, -1
 
 
+@njit(cache=True, nogil=True)
+def message_fields(buf, tags, starts, afters, field_starts):
+    """Walk a message's top-level fields ``buf[0:len(buf)]`` (an XPlane's, for
+    ``parsers.xspace._split_lines``): each field's tag (number << 3 | wire type), payload start (of a
+    length-delimited field; any other field's is its end), end, and where the field itself starts.
+    The arrays may be empty (a counting pass) or hold at least as many entries as there are fields.
+    Returns (fields, error): any error stops the walk (the caller words it)."""
+    pos = 0
+    end = len(buf)
+    n = 0
+    cap = len(tags)
+    while pos < end:
+        field, wire, value, length, after, err = _field(buf, pos, end)
+        if err:
+            return n, err
+        if n < cap:
+            tags[n] = np.int64(field) * 8 + wire
+            starts[n] = np.int64(value) if wire == 2 else after
+            afters[n] = after
+            field_starts[n] = pos
+        n += 1
+        pos = after
+    return n, OK
+
+
+def fields(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``message_fields`` of ``buf``: (tags, payload starts, ends, field starts), or None where the
+    bytes are malformed (the caller's own walk then names what is wrong)."""
+    empty = np.empty(0, np.int64)
+    count, err = message_fields(buf, empty, empty, empty, empty)
+    if err:
+        return None
+    out = tuple(np.empty(count, np.int64) for _ in range(4))
+    message_fields(buf, *out)
+    return out  # type: ignore[return-value]
+
+
 class JitWireError(WireError):
     """Malformed bytes found by a kernel (worded as the numpy decoder words it)."""
 
@@ -297,3 +334,4 @@ def warm_up() -> None:
     events(buf, starts, ends)
     stats(buf, starts, ends)
     line_events(buf, 0, 0, 1, starts.copy(), ends.copy())
+    fields(buf)

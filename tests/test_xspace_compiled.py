@@ -229,3 +229,68 @@ def test_forked_worker_gets_the_compiled_decoder() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "True"
+
+
+def _plane_blobs(path: Path) -> list[bytes]:
+    """Every plane's bytes of an XSpace file (as the reader reads them)."""
+    from tpuanalyze.parsers import xspace
+    from tpuanalyze.parsers.trace_file import open_trace_file
+
+    handle, size = open_trace_file(path, "an XSpace file")
+    with handle:
+        ranges, _ = xspace._split_planes(handle, size, str(path))
+        return [xspace._read_range(handle, start, length, str(path)) for start, length in ranges]
+
+
+def _splits_agree(blob: bytes) -> None:
+    """The compiled plane split is the Python one's (or None, leaving it the words) on ``blob``."""
+    from tpuanalyze.parsers.xspace import _split_lines, _split_lines_compiled
+
+    try:
+        expected: tuple | Exception = _split_lines(blob, "f.xplane.pb", "plane #0")
+    except TraceFormatError as exc:
+        expected = exc
+    try:
+        found = _split_lines_compiled(jit, np.frombuffer(blob, np.uint8), "f.xplane.pb", "plane #0")
+    except TraceFormatError as exc:  # only the line-count refusal, worded as the Python walk's
+        assert isinstance(expected, TraceFormatError) and str(exc) == str(expected)
+        return
+    if found is None:
+        assert isinstance(expected, TraceFormatError)
+        return
+    assert not isinstance(expected, Exception), expected
+    ranges, rest, md_starts, md_ends = found
+    assert (ranges, rest, md_starts.tolist(), md_ends.tolist()) == expected
+    assert all(type(v) is int for pair in ranges + rest for v in pair)  # plain ints, as the walk's
+
+
+def test_compiled_plane_split_is_the_python_walks_on_every_capture() -> None:
+    planes = [blob for path in _xspace_files() for blob in _plane_blobs(path)]
+    assert len(planes) > 100
+    for blob in planes:
+        _splits_agree(blob)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=120), st.integers(0, 119), st.integers(0, 255))
+def test_compiled_plane_split_agrees_on_arbitrary_and_damaged_bytes(data: bytes, at: int, byte: int) -> None:
+    _splits_agree(data)
+    plane = xplane_pb2.XPlane(id=1, name="/device:TPU:0")
+    plane.lines.add(id=1, name="XLA Ops").events.add(metadata_id=1, offset_ps=5, duration_ps=7)
+    plane.event_metadata[1].name = "fusion.1"
+    plane.lines.add(id=2, name="Steps")
+    blob = bytearray(plane.SerializeToString())
+    blob[at % len(blob)] = byte  # one byte damaged: most are still a plane the walk must split alike
+    _splits_agree(bytes(blob))
+
+
+def test_a_reader_uses_the_compiled_split_once_the_kernels_are_loaded(monkeypatch) -> None:
+    from tpuanalyze.parsers import xspace
+
+    path = _xspace_files()[0]
+    compiled_decoder()  # loaded in this process
+    calls: list[int] = []
+    monkeypatch.setattr(xspace, "_split_lines", lambda *a: calls.append(1) or (_ for _ in ()).throw(
+        AssertionError("the Python walk ran")))
+    XSpaceReader(path)
+    assert not calls
