@@ -62,9 +62,10 @@ def keep_freed_memory() -> bool:
     Why: each map task allocates and frees ~250 MB of numpy arrays (640K events), and with glibc's
     defaults the freed memory goes back to the system (the heap's top trimmed, larger arrays unmapped),
     so the next task page-faults all of it in again. Measured at 512 hosts (benchmarks/results/pod.md):
-    12% fewer page faults and 1.3-2 s less system CPU of ~55 CPU s, the same peak RSS (a worker's peak
-    is one task's). Not all of it: DuckDB (closing a database) and protobuf's upb (every 10,000 arena
-    frees) call ``malloc_trim(0)``, which returns free heap memory whatever these settings."""
+    12-13% fewer page faults at the same peak RSS (a worker's peak is one task's); the system CPU
+    saved (1-2 s of ~55 CPU s in one alternated test) was within this machine's noise in another.
+    Not all of it: DuckDB (closing a database) and protobuf's upb (every 10,000 arena frees) call
+    ``malloc_trim(0)``, which returns free heap memory whatever these settings."""
     global memory_kept
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
