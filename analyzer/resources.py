@@ -20,12 +20,12 @@ BYTES_PER_BATCH_EVENT = 512
 
 
 def _setting(con: duckdb.DuckDBPyConnection, name: str) -> str:
-    return str(con.execute(f"SELECT current_setting('{name}')").fetchone()[0])
+    return str(con.execute(f"SELECT current_setting('{name}')").fetchall()[0][0])
 
 
 def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
-    row = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchone()
-    text = str(row[0]) if row else ""
+    rows = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchall()
+    text = str(rows[0][0]) if rows else ""  # (fetchall: a result left unfinished blocks register())
     units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 1e3, "MB": 1e6, "GB": 1e9,
              "TB": 1e12, "bytes": 1}
     number, _, unit = text.partition(" ")
@@ -45,18 +45,21 @@ def scratch_database(con: duckdb.DuckDBPyConnection, batch_events: int = 0,
     folder = tempfile.mkdtemp(prefix="tpuanalyze-analysis-")
     saved_limit = _setting(con, "memory_limit")
     saved_temp = _setting(con, "temp_directory")
+    capped = False
     try:
         target = ":memory:" if in_memory else f"{folder}/scratch.duckdb"
         con.execute(f"ATTACH '{target}' AS {SCRATCH} (READ_WRITE)")
         if not saved_temp:  # (DuckDB cannot switch it back once used: set only where there is none)
             con.execute(f"SET temp_directory = '{folder}/spill'")
         cap = max(MEMORY_LIMIT_BYTES, BYTES_PER_BATCH_EVENT * batch_events)
-        if not 0 < _limit_bytes(con) <= cap:
+        capped = not 0 < _limit_bytes(con) <= cap
+        if capped:
             con.execute(f"SET memory_limit = '{cap // 2**20}MiB'")
         yield SCRATCH
     finally:
         try:
             con.execute(f"DETACH DATABASE IF EXISTS {SCRATCH}")
-            con.execute(f"SET memory_limit = '{saved_limit}'")
+            if capped:  # (only then: setting a limit makes DuckDB return its free memory to the system)
+                con.execute(f"SET memory_limit = '{saved_limit}'")
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -297,3 +297,68 @@ def test_pool_workers_keep_the_memory_their_tasks_free() -> None:
         pool.shutdown()
     assert kept
     assert faults < 50
+
+
+def _map_in_worker(items: list, t0: int, staging: str) -> dict[str, object]:
+    """In a pool worker: a map task, then twice: 64 MB of arrays freed, a map task (in the worker's kept
+    DuckDB, then in a DuckDB opened and closed for it as outside a pool), the arrays allocated again.
+
+    Returns the page faults of each allocation again (few when the task handed no memory back to the
+    system), the databases attached to the kept DuckDB after, whether the tasks shared it and succeeded."""
+    import dataclasses
+    import resource
+
+    import numpy as np
+    from tpuanalyze.analyzer.config import load_thresholds
+
+    from tpuanalyze.pipeline import executors, tasks
+
+    task = tasks.MapTask(tasks.LoadTask(tuple(items), t0, staging, False), load_thresholds(), 0, "xspace",
+                         store_op_events=False)
+    first = tasks.map_hosts(task)  # (the imports and the first allocations)
+    database = tasks._worker_database
+    faults: dict[str, int] = {}
+    ok = [first.error is None]
+    for mode in ("kept", "opened"):
+        executors.pool_worker = mode == "kept"
+        freed = [np.ones(2 << 20) for _ in range(4)]  # 16 MB each: below the worker's mmap threshold
+        del freed
+        ok.append(tasks.map_hosts(dataclasses.replace(task, index=len(ok))).error is None)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        again = [np.ones(2 << 20) for _ in range(4)]
+        faults[mode] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        del again
+    executors.pool_worker = True
+    assert tasks._worker_database is not None
+    attached = [row[0] for row in tasks._worker_database.execute(
+        "SELECT database_name FROM duckdb_databases() WHERE NOT internal ORDER BY 1").fetchall()]
+    shared = tasks._worker_database is database
+    return {"faults": faults, "attached": attached, "shared": shared, "ok": all(ok)}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc_trim: Linux only")
+def test_a_pool_workers_map_tasks_share_one_duckdb_and_keep_the_memory_they_free(tmp_path: Path) -> None:
+    """A pool worker's map tasks run in databases attached to one DuckDB it keeps (detached after each):
+    opening or closing a DuckDB, or setting its threads or memory limit, calls ``malloc_trim(0)``, which
+    hands the memory freed before back to the system for the next task to fault in again."""
+    from tpuanalyze.parsers.discover import discover_inputs
+
+    from tpuanalyze.pipeline.executors import make_executor
+    from tpuanalyze.pipeline.tasks import HostInput, forget_kept, probe_host
+
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "generated" / "resnet50_v3-32_baseline"
+    (source,) = discover_inputs([sample]).runs
+    items = [HostInput(host, str(path), source.source_format) for host, path in source.files]
+    t0 = min(p.t0_ns for p in map(probe_host, items) if p.t0_ns is not None)
+    forget_kept()
+    pool = make_executor(2)
+    try:
+        got = pool.submit(_map_in_worker, items, t0, str(tmp_path)).result()
+    finally:
+        pool.shutdown()
+    assert got["ok"] and got["shared"]
+    assert got["attached"] == ["memory"]  # each task's database detached
+    faults = got["faults"]
+    # 64 MB: ~16,000 small pages (or ~32 huge ones and the rest small) when all of it was handed back
+    assert faults["opened"] > 1000, faults  # (the trim happens here: else the check below says nothing)
+    assert faults["kept"] < faults["opened"] / 4, faults

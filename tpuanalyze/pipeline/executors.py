@@ -42,6 +42,8 @@ def _worker_started() -> None:
     pool (the CLI's handlers, inherited or not, must not raise inside a worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    global pool_worker
+    pool_worker = True
     keep_freed_memory()
 
 
@@ -53,6 +55,7 @@ _WORKER_MALLOPT = (
     (_M_TOP_PAD, 64 << 20),  # and grows in large steps
 )
 memory_kept = False  # whether this process keeps freed memory (``keep_freed_memory``)
+pool_worker = False  # whether this process is a worker of ``make_executor``'s pool
 
 
 def keep_freed_memory() -> bool:
@@ -64,8 +67,10 @@ def keep_freed_memory() -> bool:
     so the next task page-faults all of it in again. Measured at 512 hosts (benchmarks/results/pod.md):
     12-13% fewer page faults at the same peak RSS (a worker's peak is one task's); the system CPU
     saved (1-2 s of ~55 CPU s in one alternated test) was within this machine's noise in another.
-    Not all of it: DuckDB (closing a database) and protobuf's upb (every 10,000 arena frees) call
-    ``malloc_trim(0)``, which returns free heap memory whatever these settings."""
+    Not all of it: DuckDB (opening or closing a database, changing its threads or memory limit) and
+    protobuf's upb (every 10,000 arena blocks freed) call ``malloc_trim(0)``, which returns free heap
+    memory whatever these settings; a pool worker keeps one DuckDB database for its tasks
+    (``tasks.map_hosts``) so DuckDB does not."""
     global memory_kept
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

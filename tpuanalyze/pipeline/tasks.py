@@ -10,7 +10,11 @@ path), so the main process reports the first bad host of the call and leaves the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import atexit
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,10 +270,7 @@ def map_hosts(task: MapTask) -> Mapped:
         loaded = load_host(load)
         return Mapped(parts=loaded.parts, error=loaded.error)
     first = load.input
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute("SET enable_progress_bar = false")
-        con.execute("SET threads = 1")  # one worker = one core; the pool provides the parallelism
+    with _map_database() as con:
         con.execute(table_ddl("runs"))
         con.execute("INSERT INTO runs (run_id, name, source_path, source_format, num_hosts, num_devices, "
                     "t0_ns, num_events, ingested_at) VALUES (?, ?, ?, ?, ?, 0, ?, 0, now())",
@@ -288,8 +289,57 @@ def map_hosts(task: MapTask) -> Mapped:
         op_rows.parent.mkdir(parents=True, exist_ok=True)
         result = map_batch(con, MAP_RUN_ID, task.config, task.index, op_rows, task.programs_run, batch)
         return Mapped(parts=hosts, result=result)
+
+
+# A pool worker's DuckDB database, kept for all its map tasks (``_map_database``)
+_worker_database: duckdb.DuckDBPyConnection | None = None
+_worker_spill: str | None = None
+_task_count = 0
+
+
+@contextmanager
+def _map_database() -> Iterator[duckdb.DuckDBPyConnection]:
+    """A map task's own empty DuckDB database, one thread (the pool provides the parallelism).
+
+    In a pool worker: a database attached in memory to one DuckDB instance the worker keeps for all its
+    tasks, and detached after. Why: opening and closing a DuckDB instance, and setting its threads or
+    memory limit, each call glibc's ``malloc_trim(0)``, which hands the memory the previous task freed
+    back to the system, and the next task page-faults it in again (executors.keep_freed_memory;
+    ~45 calls per worker at 512 hosts, benchmarks/results/pod.md). Elsewhere (this process, a
+    cluster's worker threads): a fresh in-memory instance per task, closed after."""
+    global _worker_database, _worker_spill, _task_count
+    from tpuanalyze.analyzer.resources import MEMORY_LIMIT_BYTES
+    from tpuanalyze.pipeline import executors
+
+    if not executors.pool_worker:
+        con = duckdb.connect(":memory:")
+        try:
+            con.execute("SET enable_progress_bar = false")
+            con.execute("SET threads = 1")
+            yield con
+        finally:
+            con.close()
+        return
+    if _worker_database is None:
+        _worker_spill = tempfile.mkdtemp(prefix="tpuanalyze-map-")
+        atexit.register(shutil.rmtree, _worker_spill, True)
+        _worker_database = duckdb.connect(":memory:", config={
+            "threads": 1, "async_threads": 0, "memory_limit": f"{MEMORY_LIMIT_BYTES // 2**20}MiB",
+            "temp_directory": f"{_worker_spill}/spill"})
+    _task_count += 1
+    name = f"ta_map_{_task_count}"
+    con = _worker_database.cursor()  # its temporary tables and registered views go with it
+    try:
+        con.execute("SET enable_progress_bar = false")
+        con.execute(f"ATTACH ':memory:' AS {name}")
+        con.execute(f"USE {name}")
+        yield con
     finally:
-        con.close()
+        try:
+            con.execute("USE memory")
+            con.execute(f"DETACH DATABASE IF EXISTS {name}")
+        finally:
+            con.close()
 
 
 def _sql_path(path: Path) -> str:
