@@ -17,7 +17,7 @@ import json
 import os
 import re
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,9 +242,10 @@ def _next_field(data: bytes, pos: int, end: int, where: str, what: str) -> tuple
 
 def _split_lines(
     data: bytes, where: str, what: str
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[int], list[int]]:
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[int], list[int], list[int]]:
     """An XPlane's bytes -> (offset, size) of each ``lines`` field, the (start, end) of the runs of
-    other fields between them, and the (start, end) of each ``event_metadata`` map entry's payload.
+    other fields between them, the (start, end) of each ``event_metadata`` map entry's payload, and
+    where each of those entries' fields starts (its tag).
 
     Why: upb would copy every line into the plane's arena and Python again on access; with the
     ranges each line is parsed straight from the plane's bytes (peak memory -9 MB per 4.6 MB
@@ -256,6 +257,7 @@ def _split_lines(
     rest: list[tuple[int, int]] = []
     md_starts: list[int] = []
     md_ends: list[int] = []
+    md_fields: list[int] = []
     pos, end = 0, len(data)
     kept = 0  # start of the current run of non-line fields (copied to ``rest`` in one slice)
     lines_tag, metadata_tag = _LINES_TAG, _METADATA_TAG
@@ -284,15 +286,16 @@ def _split_lines(
         elif tag == metadata_tag:
             md_starts.append(start)
             md_ends.append(after)
+            md_fields.append(pos)
         pos = after
     if end > kept:
         rest.append((kept, end))
-    return ranges, rest, md_starts, md_ends
+    return ranges, rest, md_starts, md_ends, md_fields
 
 
 def _split_lines_compiled(
     jit: Any, buffer: np.ndarray, where: str, what: str
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]], np.ndarray, np.ndarray] | None:
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]], np.ndarray, np.ndarray, np.ndarray] | None:
     """``_split_lines`` by the compiled field walk (``wire_jit.fields``): the same ranges, with the
     metadata entries' as arrays; None where the bytes are malformed (``_split_lines`` then words the
     refusal). Why: the Python walk costs ~0.3 us per field, and a pod host's 18 planes hold ~6K
@@ -313,7 +316,7 @@ def _split_lines_compiled(
     runs = before > kept
     rest = list(zip(kept[runs].tolist(), before[runs].tolist(), strict=True))
     metadata = tags == _METADATA_TAG
-    return ranges, rest, starts[metadata], afters[metadata]
+    return ranges, rest, starts[metadata], afters[metadata], field_starts[metadata]
 
 
 @dataclass
@@ -323,34 +326,117 @@ class PlaneSplit:
 
     line_ranges: list[tuple[int, int]]  # (offset, size) of each line
     rest: list[tuple[int, int]]  # (start, end) of the runs of other fields
-    metadata_starts: np.ndarray
+    metadata_starts: np.ndarray  # each event_metadata entry's payload
     metadata_ends: np.ndarray
+    metadata_fields: np.ndarray  # where each entry's field starts
+
+    def metadata_region(self) -> tuple[int, int] | None:
+        """(start, end) of the event_metadata entries where they are one run of fields inside one run of
+        ``rest`` (how XPlanes are written), else None; (0, 0) for a plane without entries."""
+        if not len(self.metadata_ends):
+            return (0, 0)
+        fields, ends = self.metadata_fields, self.metadata_ends
+        if len(ends) > 1 and not np.array_equal(fields[1:], ends[:-1]):
+            return None
+        low, high = int(self.metadata_fields[0]), int(self.metadata_ends[-1])
+        return (low, high) if any(a <= low and high <= b for a, b in self.rest) else None
+
+    def header(self) -> list[tuple[int, int]] | None:
+        """The runs of ``rest`` without the event_metadata entries (``metadata_region``), or None."""
+        region = self.metadata_region()
+        if region is None:
+            return None
+        low, high = region
+        if low == high:
+            return self.rest
+        runs = []
+        for a, b in self.rest:
+            if b <= low or a >= high:
+                runs.append((a, b))
+                continue
+            if a < low:
+                runs.append((a, low))
+            if high < b:
+                runs.append((high, b))
+        return runs
+
+
+# a line's fields other than events (id, names, times: 6) past which ``_Plane.lines`` leaves it to upb
+MAX_LINE_HEADER_FIELDS = 64
+
+# event_metadata regions that passed upb's parse in this process lately (``_Plane``): the planes of a
+# host, and the hosts of a pod, mostly carry the same bytes
+VALIDATED_REGIONS = 8
+_validated_regions: deque[bytes] = deque(maxlen=VALIDATED_REGIONS)
 
 
 class _Plane:
-    """One plane read from the file: its message without lines, and its lines parsed on demand."""
+    """One plane read from the file: its message without lines, and its lines parsed on demand.
 
-    def __init__(self, blob: bytes, where: str, index: int, split: PlaneSplit | None = None) -> None:
+    The message is parsed without the event_metadata entries where they are one region of the bytes
+    (``PlaneSplit.header``): a pod host's planes carry ~80 KB of them each (~60% of the file), which the
+    metadata decoder reads from the bytes (xspace_metadata.decode_metadata) and a table shared between
+    planes spares decoding at all. Parsing them with upb for every plane opened cost time, and upb's
+    arena blocks freed (every 10,000 it calls ``malloc_trim(0)``, returning memory a pool worker keeps
+    for its next task: executors.keep_freed_memory). ``validate``: the entries are checked by upb's parse
+    here all the same, unless the same bytes passed it lately in this process (``_validated_regions``);
+    their message is parsed when asked for (``metadata_message``).
+    """
+
+    def __init__(self, blob: bytes, where: str, index: int, split: PlaneSplit | None = None,
+                 validate: bool = True) -> None:
         what = f"plane #{index}"
-        self.blob, self.where, self.index = blob, where, index
+        self.blob, self.where, self.index, self.what = blob, where, index, what
         self.buffer = np.frombuffer(blob, dtype=np.uint8)  # the blob, for numpy decoding
         if split is None:
             jit = _Warmup.ready()
             found = _split_lines_compiled(jit, self.buffer, where, what) if jit is not None else None
             if found is None:
-                ranges, spans, md_starts, md_ends = _split_lines(blob, where, what)
+                ranges, spans, md_starts, md_ends, md_fields = _split_lines(blob, where, what)
                 found = (ranges, spans, np.array(md_starts, dtype=np.int64),
-                         np.array(md_ends, dtype=np.int64))
+                         np.array(md_ends, dtype=np.int64), np.array(md_fields, dtype=np.int64))
             split = PlaneSplit(*found)
         self.split = split
         self.line_ranges = split.line_ranges
         self.metadata_ranges = (split.metadata_starts, split.metadata_ends)
-        if len(split.rest) == 1 and split.rest[0] == (0, len(blob)):
-            rest = blob
+        self._metadata_message: Any = None
+        header = split.header()
+        if header is None:  # the entries scattered: one parse of everything
+            self.message = _parse_part("XPlane", self._joined(split.rest), where, what)
+            self._metadata_message = self.message
         else:
-            rest = b"".join([blob[a:b] for a, b in split.rest])
-        self.message = _parse_part("XPlane", rest, where, what)
+            self.message = _parse_part("XPlane", self._joined(header), where, what)
+            if validate:
+                self._validate_metadata()
         self._stat_names: dict[int, str] | None = None
+
+    def _joined(self, runs: list[tuple[int, int]]) -> bytes:
+        if len(runs) == 1 and runs[0] == (0, len(self.blob)):
+            return self.blob
+        return b"".join([self.blob[a:b] for a, b in runs])
+
+    def _validate_metadata(self) -> None:
+        """upb's parse of the event_metadata entries, unless these bytes passed it lately."""
+        region = self.split.metadata_region()
+        assert region is not None
+        if region[0] == region[1]:
+            return
+        data = self.blob[region[0] : region[1]]
+        with _SHARED_LOCK:  # (a Dask worker reads hosts in threads)
+            if data in _validated_regions:
+                return
+        self._metadata_message = _parse_part("XPlane", data, self.where, self.what)
+        with _SHARED_LOCK:
+            _validated_regions.append(data)
+
+    def metadata_message(self) -> Any:
+        """An XPlane message holding the plane's event_metadata entries (and perhaps its other fields)."""
+        if self._metadata_message is None:
+            region = self.split.metadata_region()
+            assert region is not None  # (else parsed with the rest)
+            self._metadata_message = _parse_part("XPlane", self.blob[region[0] : region[1]], self.where,
+                                                 self.what)
+        return self._metadata_message
 
     @property
     def name(self) -> str:
@@ -362,11 +448,29 @@ class _Plane:
             self._stat_names = {k: v.name for k, v in self.message.stat_metadata.items()}
         return self._stat_names
 
-    def lines(self) -> Iterator[Any]:
+    def lines(self, jit: Any = None) -> Iterator[tuple[Any, int]]:
+        """Each line's message without its events, and how many events it has.
+
+        With the compiled kernels (``jit``), the line's fields are walked by ``wire_jit.fields`` and only
+        the others than events parsed by upb: upb would copy every event's bytes into its arena
+        (~30 blocks a pod host's plane, each freed block counted toward its ``malloc_trim(0)``: see
+        ``_Plane``) to check what the walk checks too, the fields' framing (the events' own fields are
+        checked when they are decoded). Malformed bytes, or a line of many other fields, go to upb's
+        parse of the whole line, which words the refusal."""
         view = memoryview(self.blob)
         for line_index, (start, size) in enumerate(self.line_ranges):
             what = f"line #{line_index} of plane {self.message.name!r}"
-            yield _parse_part("XLine", view[start : start + size], self.where, what)
+            found = jit.fields(self.buffer[start : start + size]) if jit is not None else None
+            if found is not None:
+                tags, _, afters, field_starts = found
+                other = np.flatnonzero(tags != _EVENT_TAG)
+                if len(other) <= MAX_LINE_HEADER_FIELDS:
+                    fields = zip(field_starts[other].tolist(), afters[other].tolist(), strict=True)
+                    header = b"".join([view[start + a : start + b] for a, b in fields])
+                    yield _parse_part("XLine", header, self.where, what), len(tags) - len(other)
+                    continue
+            line = _parse_part("XLine", view[start : start + size], self.where, what)
+            yield line, len(line.events)
 
     def event_ranges(
         self, line_index: int, limit: int, jit: Any = None
@@ -681,8 +785,7 @@ class XSpaceReader:
                 self._splits.append(plane.split)
                 names.append(plane.name)
                 rows = []
-                for line_index, line in enumerate(plane.lines()):
-                    count = len(line.events)
+                for line_index, (line, count) in enumerate(plane.lines(_Warmup.ready())):
                     if line.duration_ps < 0:
                         raise TraceFormatError(
                             f"line #{line_index} ({line.name!r}) of plane {plane.name!r}: "
@@ -739,7 +842,7 @@ class XSpaceReader:
                     yield from self._grouped(group)
                     group, group_events, group_bytes = [], 0, 0
                 plane = _Plane(_read_range(handle, start, size, self.file_path), self.file_path, plane_index,
-                               self._splits[plane_index])
+                               self._splits[plane_index], validate=False)  # (validated when opened)
                 if events >= CHUNK_EVENTS:
                     yield self._plane(plane_index, plane)
                 else:
@@ -806,13 +909,14 @@ class XSpaceReader:
         """The plane's event-metadata columns; the previous plane's when both planes' metadata are
         the same bytes under the same stat names and modules (the cores of a host run one program:
         their tables are usually identical, and decoded once)."""
-        plane = read.message
         starts, ends = read.metadata_ranges
-        order = key_order(plane)
         blob = read.blob
+        # the entries' fields (their bytes determine their keys and upb's order of them: not parsed here)
+        region = read.split.metadata_region()
         key = (
-            b"".join([blob[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]),
-            tuple(order),
+            blob[region[0] : region[1]] if region is not None
+            else b"".join([blob[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]),
+            None if region is not None else (ends - starts).tobytes(),
             frozenset(module_ids),
             tuple(sorted(stat_names.items())),
         )
@@ -825,11 +929,12 @@ class XSpaceReader:
         if shared is not None:  # another host of this process had the same table
             self._last_metadata = (key, shared)
             return shared
+        entries = read.metadata_message()
         metadata = decode_metadata(
-            read.buffer, starts, ends, order, stat_names, module_ids, _MODULE_PROGRAM_ID
+            read.buffer, starts, ends, key_order(entries), stat_names, module_ids, _MODULE_PROGRAM_ID
         )
         if metadata is None:  # a shape only the upb reading gets exactly right
-            metadata = self._metadata(plane, stat_names, module_ids)
+            metadata = self._metadata(entries, stat_names, module_ids)
         self._last_metadata = (key, metadata)
         with _SHARED_LOCK:  # (a Dask worker reads hosts in threads)
             _SHARED_METADATA[key] = metadata

@@ -259,8 +259,8 @@ def _splits_agree(blob: bytes) -> None:
         assert isinstance(expected, TraceFormatError)
         return
     assert not isinstance(expected, Exception), expected
-    ranges, rest, md_starts, md_ends = found
-    assert (ranges, rest, md_starts.tolist(), md_ends.tolist()) == expected
+    ranges, rest, md_starts, md_ends, md_fields = found
+    assert (ranges, rest, md_starts.tolist(), md_ends.tolist(), md_fields.tolist()) == expected
     assert all(type(v) is int for pair in ranges + rest for v in pair)  # plain ints, as the walk's
 
 
@@ -293,3 +293,76 @@ def test_a_reader_uses_the_compiled_split_once_the_kernels_are_loaded(monkeypatc
     compiled_decoder()  # loaded in this process
     monkeypatch.setattr(xspace, "_split_lines", python_walk)
     assert XSpaceReader(_xspace_files()[0]).num_events > 0
+
+
+def _opened(path: Path) -> tuple:
+    """What opening ``path`` finds (its lines' rows, events, time zero) and everything it then streams."""
+    reader = XSpaceReader(path)
+    streamed = _canonical(path, compiled=True)
+    return reader._line_rows, reader.num_events, reader.t0_ns, reader.hostnames, streamed
+
+
+@pytest.mark.parametrize("path", _xspace_files(), ids=lambda p: p.parent.name + "/" + p.name)
+def test_a_reader_opened_with_the_kernels_loaded_reads_what_upb_reads(path: Path, monkeypatch) -> None:
+    """With the kernels loaded, a line's fields are walked by the kernel and only the few that are not
+    events parsed by upb, and the planes' event_metadata entries are parsed once per distinct bytes:
+    the same lines, counts and streamed planes as upb's parse of everything."""
+    from tpuanalyze.parsers import xspace
+
+    compiled_decoder()
+    xspace._validated_regions.clear()
+    walked = _opened(path)
+    monkeypatch.setattr(xspace._Warmup, "ready", classmethod(lambda cls: None))
+    xspace._validated_regions.clear()
+    assert walked == _opened(path)
+
+
+def test_opening_a_pod_host_leaves_event_bytes_and_repeated_metadata_out_of_upb(monkeypatch) -> None:
+    """upb copies what it parses into arenas whose freed blocks it counts toward a ``malloc_trim(0)``
+    (executors.keep_freed_memory): with the kernels loaded, opening a host parses no event bytes with
+    upb, and the event_metadata entries its planes share once."""
+    from tpuanalyze.parsers import xspace
+
+    parsed: list[tuple[str, object]] = []
+    parse = xspace._parse_part
+
+    def recorded(kind: str, data: bytes, path: str, where: str) -> object:
+        message = parse(kind, data, path, where)
+        parsed.append((kind, message))
+        return message
+
+    path = next((SAMPLE_TRACES / "generated" / "resnet50_v3-32_baseline").rglob("*.xplane.pb"))
+    compiled_decoder()
+    xspace._validated_regions.clear()
+    monkeypatch.setattr(xspace, "_parse_part", recorded)
+    reader = XSpaceReader(path)
+    lines = [m for kind, m in parsed if kind == "XLine"]
+    assert len(lines) == sum(len(rows) for rows in reader._line_rows) > 0
+    assert all(len(m.events) == 0 for m in lines)  # type: ignore[attr-defined]
+    regions = [s.metadata_region() for s in reader._splits if len(s.metadata_ends)]
+    assert len(regions) > 1 and None not in regions
+    with_entries = [m for kind, m in parsed if kind == "XPlane" and len(m.event_metadata)]  # type: ignore[attr-defined]
+    planes_bytes = [p for p in _plane_blobs(path)]
+    distinct = {planes_bytes[i][a:b] for i, (a, b) in enumerate(s.metadata_region() for s in reader._splits)
+                if a < b}
+    assert len(with_entries) == len(distinct) < len(regions)
+
+
+def test_corrupt_event_metadata_is_still_refused_when_the_file_is_opened(tmp_path: Path) -> None:
+    """The event_metadata entries left out of the planes' messages are still checked by upb on opening."""
+    from tpuanalyze.parsers import xspace
+
+    space = xplane_pb2.XSpace()
+    for ordinal in range(2):
+        plane = space.planes.add(id=ordinal, name=f"/device:TPU:{ordinal}")
+        plane.lines.add(id=1, name="XLA Ops", timestamp_ns=1).events.add(metadata_id=1, duration_ps=7)
+        plane.event_metadata[1].name = "fusion.1"
+    good = space.SerializeToString()
+    bad = good.replace(b"fusion.1", b"fusion\xff1")  # a string field that is not UTF-8
+    assert bad != good
+    path = tmp_path / "host.xplane.pb"
+    path.write_bytes(bad)
+    compiled_decoder()
+    xspace._validated_regions.clear()
+    with pytest.raises(TraceFormatError, match="corrupt or truncated XSpace protobuf"):
+        XSpaceReader(path)

@@ -29,8 +29,8 @@ def _same(a: object, b: object) -> bool:
 def _both(blob: bytes, module_ids: set[int] | None = None) -> tuple[dict, dict | None]:
     """(upb columns, numpy columns or None) of one serialized XPlane."""
     plane = xspace._Plane(blob, "test", 0)
-    message = plane.message
-    stat_names = {k: v.name for k, v in message.stat_metadata.items()}
+    message = plane.metadata_message()
+    stat_names = {k: v.name for k, v in plane.message.stat_metadata.items()}
     modules = module_ids or set()
     reader = object.__new__(xspace.XSpaceReader)
     old = reader._metadata(message, stat_names, modules)
