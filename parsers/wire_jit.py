@@ -276,6 +276,50 @@ def fields(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     return out  # type: ignore[return-value]
 
 
+@njit(cache=True, nogil=True)
+def lines_fields(buf, starts, ends, counts, other_counts, other_starts, other_ends):
+    """Walk each XLine ``buf[starts[i]:ends[i]]`` (a plane's lines, for ``parsers.xspace._Plane.lines``):
+    ``counts[i]`` its events (field 4, length-delimited), ``other_counts[i]`` its other fields and the
+    (start, end) of the first ``other_starts.shape[1]`` of them in row ``i``. Returns (index of the first
+    malformed line, error code), or (-1, OK): the caller's upb parse then names what is wrong."""
+    cap = other_starts.shape[1]
+    for i in range(len(starts)):
+        pos = starts[i]
+        end = ends[i]
+        if pos < 0 or end > len(buf) or pos > end:
+            return i, LINE_ERROR
+        events = 0
+        other = 0
+        while pos < end:
+            field, wire, value, length, after, err = _field(buf, pos, end)
+            if err:
+                return i, err
+            if field == 4 and wire == 2:
+                events += 1
+            else:
+                if other < cap:
+                    other_starts[i, other] = pos
+                    other_ends[i, other] = after
+                other += 1
+            pos = after
+        counts[i] = events
+        other_counts[i] = other
+    return -1, OK
+
+
+def line_headers(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                 cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``lines_fields`` over the lines at ``buf[starts[i]:ends[i]]``: (events per line, other fields per
+    line, their starts and ends, ``cap`` columns), or None where a line is malformed."""
+    n = len(starts)
+    counts, other = np.empty(n, np.int64), np.empty(n, np.int64)
+    other_starts, other_ends = np.empty((n, cap), np.int64), np.empty((n, cap), np.int64)
+    bad, _ = lines_fields(buf, starts, ends, counts, other, other_starts, other_ends)
+    if bad >= 0:
+        return None
+    return counts, other, other_starts, other_ends
+
+
 class JitWireError(WireError):
     """Malformed bytes found by a kernel (worded as the numpy decoder words it)."""
 
@@ -335,3 +379,4 @@ def warm_up() -> None:
     stats(buf, starts, ends)
     line_events(buf, 0, 0, 1, starts.copy(), ends.copy())
     fields(buf)
+    line_headers(buf, starts, ends, 2)

@@ -362,7 +362,7 @@ class PlaneSplit:
 
 
 # a line's fields other than events (id, names, times: 6) past which ``_Plane.lines`` leaves it to upb
-MAX_LINE_HEADER_FIELDS = 64
+MAX_LINE_HEADER_FIELDS = 16
 
 # event_metadata regions that passed upb's parse in this process lately (``_Plane``): the planes of a
 # host, and the hosts of a pod, mostly carry the same bytes
@@ -451,24 +451,29 @@ class _Plane:
     def lines(self, jit: Any = None) -> Iterator[tuple[Any, int]]:
         """Each line's message without its events, and how many events it has.
 
-        With the compiled kernels (``jit``), the line's fields are walked by ``wire_jit.fields`` and only
-        the others than events parsed by upb: upb would copy every event's bytes into its arena
-        (~30 blocks a pod host's plane, each freed block counted toward its ``malloc_trim(0)``: see
-        ``_Plane``) to check what the walk checks too, the fields' framing (the events' own fields are
-        checked when they are decoded). Malformed bytes, or a line of many other fields, go to upb's
-        parse of the whole line, which words the refusal."""
+        With the compiled kernels (``jit``), the plane's lines are walked by ``wire_jit.line_headers`` (one
+        call a plane) and only their fields other than events parsed by upb: upb would copy every event's
+        bytes into its arena (~30 blocks a pod host's plane, each freed block counted toward its
+        ``malloc_trim(0)``: see ``_Plane``) to check what the walk checks too, the fields' framing (the
+        events' own fields are checked when they are decoded). Malformed bytes, or a line of many other
+        fields, go to upb's parse
+        of the whole line, which words the refusal."""
         view = memoryview(self.blob)
+        found = None
+        if jit is not None and self.line_ranges:
+            starts = np.array([start for start, _ in self.line_ranges], dtype=np.int64)
+            ends = starts + np.array([size for _, size in self.line_ranges], dtype=np.int64)
+            found = jit.line_headers(self.buffer, starts, ends, MAX_LINE_HEADER_FIELDS)
+        if found is not None:
+            counts, others, other_starts, other_ends = (a.tolist() for a in found)
         for line_index, (start, size) in enumerate(self.line_ranges):
             what = f"line #{line_index} of plane {self.message.name!r}"
-            found = jit.fields(self.buffer[start : start + size]) if jit is not None else None
-            if found is not None:
-                tags, _, afters, field_starts = found
-                other = np.flatnonzero(tags != _EVENT_TAG)
-                if len(other) <= MAX_LINE_HEADER_FIELDS:
-                    fields = zip(field_starts[other].tolist(), afters[other].tolist(), strict=True)
-                    header = b"".join([view[start + a : start + b] for a, b in fields])
-                    yield _parse_part("XLine", header, self.where, what), len(tags) - len(other)
-                    continue
+            if found is not None and others[line_index] <= MAX_LINE_HEADER_FIELDS:
+                k = others[line_index]
+                fields = zip(other_starts[line_index][:k], other_ends[line_index][:k], strict=True)
+                header = b"".join([view[a:b] for a, b in fields])
+                yield _parse_part("XLine", header, self.where, what), counts[line_index]
+                continue
             line = _parse_part("XLine", view[start : start + size], self.where, what)
             yield line, len(line.events)
 

@@ -366,3 +366,41 @@ def test_corrupt_event_metadata_is_still_refused_when_the_file_is_opened(tmp_pat
     xspace._validated_regions.clear()
     with pytest.raises(TraceFormatError, match="corrupt or truncated XSpace protobuf"):
         XSpaceReader(path)
+
+
+def _lines_read(blob: bytes, kernels: object) -> list | str:
+    """A plane's lines as ``_Plane.lines`` reads them (each header's fields and its event count), or the
+    refusal's words."""
+    from tpuanalyze.parsers import xspace
+
+    try:
+        plane = xspace._Plane(blob, "f.xplane.pb", 0)
+        return [(line.SerializeToString(deterministic=True) if kernels else
+                 _without_events(line), count) for line, count in plane.lines(kernels)]
+    except TraceFormatError as exc:
+        return str(exc)
+
+
+def _without_events(line: object) -> bytes:
+    line.ClearField("events")  # type: ignore[attr-defined]
+    return line.SerializeToString(deterministic=True)  # type: ignore[attr-defined]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 400), st.integers(0, 255))
+def test_the_compiled_line_walk_reads_what_upb_reads_on_damaged_planes(at: int, byte: int) -> None:
+    """``_Plane.lines`` with the kernels (events counted by ``wire_jit.line_headers``, only the other
+    fields parsed by upb) gives upb's lines and counts, or the same refusal, on a plane with one byte
+    changed anywhere."""
+    plane = xplane_pb2.XPlane(id=1, name="/device:TPU:0")
+    ops = plane.lines.add(id=1, display_id=3, name="XLA Ops", display_name="ops", timestamp_ns=11,
+                          duration_ps=900)
+    for i in range(4):
+        event = ops.events.add(metadata_id=i + 1, offset_ps=5 * i, duration_ps=7)
+        event.stats.add(metadata_id=1, int64_value=i)
+    steps = plane.lines.add(id=2, name="Steps", timestamp_ns=10)
+    steps.events.add(metadata_id=9, offset_ps=1, duration_ps=99)
+    plane.lines.add(id=3, name="empty")
+    blob = bytearray(plane.SerializeToString())
+    blob[at % len(blob)] = byte
+    assert _lines_read(bytes(blob), compiled_decoder()) == _lines_read(bytes(blob), None)
