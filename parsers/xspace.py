@@ -456,8 +456,7 @@ class _Plane:
         bytes into its arena (~30 blocks a pod host's plane, each freed block counted toward its
         ``malloc_trim(0)``: see ``_Plane``) to check what the walk checks too, the fields' framing (the
         events' own fields are checked when they are decoded). Malformed bytes, or a line of many other
-        fields, go to upb's parse
-        of the whole line, which words the refusal."""
+        fields, go to upb's parse of the whole line, which words the refusal."""
         view = memoryview(self.blob)
         found = None
         if jit is not None and self.line_ranges:

@@ -69,8 +69,9 @@ def keep_freed_memory() -> bool:
     saved (1-2 s of ~55 CPU s in one alternated test) was within this machine's noise in another.
     Not all of it: DuckDB (opening or closing a database, changing its threads or memory limit) and
     protobuf's upb (every 10,000 arena blocks freed) call ``malloc_trim(0)``, which returns free heap
-    memory whatever these settings; a pool worker keeps one DuckDB database for its tasks
-    (``tasks.map_hosts``) so DuckDB does not."""
+    memory whatever these settings. So a pool worker keeps one DuckDB instance for its tasks
+    (``tasks._map_database``), and a reader with the compiled kernels loaded leaves event bytes and
+    repeated event metadata out of upb (parsers/xspace.py ``_Plane``)."""
     global memory_kept
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
