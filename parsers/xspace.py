@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -330,9 +331,11 @@ class PlaneSplit:
     metadata_ends: np.ndarray
     metadata_fields: np.ndarray  # where each entry's field starts
 
+    @cached_property
     def metadata_region(self) -> tuple[int, int] | None:
         """(start, end) of the event_metadata entries where they are one run of fields inside one run of
-        ``rest`` (how XPlanes are written), else None; (0, 0) for a plane without entries."""
+        ``rest`` (how XPlanes are written), else None; (0, 0) for a plane without entries. (Asked for
+        when the plane is opened, streamed and its metadata decoded: found once.)"""
         if not len(self.metadata_ends):
             return (0, 0)
         fields, ends = self.metadata_fields, self.metadata_ends
@@ -343,7 +346,7 @@ class PlaneSplit:
 
     def header(self) -> list[tuple[int, int]] | None:
         """The runs of ``rest`` without the event_metadata entries (``metadata_region``), or None."""
-        region = self.metadata_region()
+        region = self.metadata_region
         if region is None:
             return None
         low, high = region
@@ -416,8 +419,9 @@ class _Plane:
         return b"".join([self.blob[a:b] for a, b in runs])
 
     def _validate_metadata(self) -> None:
-        """upb's parse of the event_metadata entries, unless these bytes passed it lately."""
-        region = self.split.metadata_region()
+        """upb's parse of the event_metadata entries (``metadata_message``), unless these bytes passed it
+        lately."""
+        region = self.split.metadata_region
         assert region is not None
         if region[0] == region[1]:
             return
@@ -425,14 +429,14 @@ class _Plane:
         with _SHARED_LOCK:  # (a Dask worker reads hosts in threads)
             if data in _validated_regions:
                 return
-        self._metadata_message = _parse_part("XPlane", data, self.where, self.what)
+        self.metadata_message()
         with _SHARED_LOCK:
             _validated_regions.append(data)
 
     def metadata_message(self) -> Any:
         """An XPlane message holding the plane's event_metadata entries (and perhaps its other fields)."""
         if self._metadata_message is None:
-            region = self.split.metadata_region()
+            region = self.split.metadata_region
             assert region is not None  # (else parsed with the rest)
             self._metadata_message = _parse_part("XPlane", self.blob[region[0] : region[1]], self.where,
                                                  self.what)
@@ -916,7 +920,7 @@ class XSpaceReader:
         starts, ends = read.metadata_ranges
         blob = read.blob
         # the entries' fields (their bytes determine their keys and upb's order of them: not parsed here)
-        region = read.split.metadata_region()
+        region = read.split.metadata_region
         key = (
             blob[region[0] : region[1]] if region is not None
             else b"".join([blob[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]),

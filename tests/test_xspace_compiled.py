@@ -339,11 +339,11 @@ def test_opening_a_pod_host_leaves_event_bytes_and_repeated_metadata_out_of_upb(
     lines = [m for kind, m in parsed if kind == "XLine"]
     assert len(lines) == sum(len(rows) for rows in reader._line_rows) > 0
     assert all(len(m.events) == 0 for m in lines)  # type: ignore[attr-defined]
-    regions = [s.metadata_region() for s in reader._splits if len(s.metadata_ends)]
+    regions = [s.metadata_region for s in reader._splits if len(s.metadata_ends)]
     assert len(regions) > 1 and None not in regions
     with_entries = [m for kind, m in parsed if kind == "XPlane" and len(m.event_metadata)]  # type: ignore[attr-defined]
     planes_bytes = [p for p in _plane_blobs(path)]
-    distinct = {planes_bytes[i][a:b] for i, (a, b) in enumerate(s.metadata_region() for s in reader._splits)
+    distinct = {planes_bytes[i][a:b] for i, (a, b) in enumerate(s.metadata_region for s in reader._splits)
                 if a < b}
     assert len(with_entries) == len(distinct) < len(regions)
 

@@ -293,7 +293,6 @@ def map_hosts(task: MapTask) -> Mapped:
 
 # A pool worker's DuckDB database, kept for all its map tasks (``_map_database``)
 _worker_database: duckdb.DuckDBPyConnection | None = None
-_worker_spill: str | None = None
 _task_count = 0
 
 
@@ -307,7 +306,7 @@ def _map_database() -> Iterator[duckdb.DuckDBPyConnection]:
     back to the system, and the next task page-faults it in again (executors.keep_freed_memory;
     ~45 calls per worker at 512 hosts, benchmarks/results/pod.md). Elsewhere (this process, a
     cluster's worker threads): a fresh in-memory instance per task, closed after."""
-    global _worker_database, _worker_spill, _task_count
+    global _worker_database, _task_count
     from tpuanalyze.analyzer.resources import MEMORY_LIMIT_BYTES
     from tpuanalyze.pipeline import executors
 
@@ -321,11 +320,11 @@ def _map_database() -> Iterator[duckdb.DuckDBPyConnection]:
             con.close()
         return
     if _worker_database is None:
-        _worker_spill = tempfile.mkdtemp(prefix="tpuanalyze-map-")
-        atexit.register(shutil.rmtree, _worker_spill, True)
+        spill = tempfile.mkdtemp(prefix="tpuanalyze-map-")
+        atexit.register(shutil.rmtree, spill, True)
         _worker_database = duckdb.connect(":memory:", config={
             "threads": 1, "async_threads": 0, "memory_limit": f"{MEMORY_LIMIT_BYTES // 2**20}MiB",
-            "temp_directory": f"{_worker_spill}/spill"})
+            "temp_directory": f"{spill}/spill"})
     _task_count += 1
     name = f"ta_map_{_task_count}"
     con = _worker_database.cursor()  # its temporary tables and registered views go with it
