@@ -66,6 +66,10 @@ def insert_floor(tables: dict[str, object], folder: Path) -> tuple[float, float,
     db.unlink(missing_ok=True)
     con = duckdb.connect(str(db))
     con.execute(schema_sql())
+    # as the ingest's direct load (pipeline/ingest.py): one thread, beside the decoding thread. With
+    # the machine's two, these small statements wrote half-filled row groups that the checkpoint
+    # rewrote: 2.6 s instead of 1.5 for a 6M-event file's rows (benchmarks/results/bench_ingest.md)
+    con.execute("SET threads = 1")
     wall, cpu = time.perf_counter(), time.process_time()
     con.execute("BEGIN")
     for table, rows in tables.items():

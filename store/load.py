@@ -427,7 +427,9 @@ _DONE = object()
 PREFETCH_MIN_EVENTS = 2 * CHUNK_EVENTS
 
 
-def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData, Iterator[EventBatch]]]:
+def _prefetched(
+    reader: HostReader, depth: int | None = None
+) -> Iterator[tuple[PlaneData, Iterator[EventBatch]]]:
     """The reader's planes, each with its batches decoded in a background thread while DuckDB
     inserts (numpy and DuckDB release the GIL in their kernels, so the two overlap).
 
@@ -435,7 +437,15 @@ def _prefetched(reader: HostReader, depth: int = 2) -> Iterator[tuple[PlaneData,
     threads cost ~0.5 ms each (GIL switches), which made a file of many empty planes slow, and with
     a batch or two there is nothing to overlap (a pod host's ~2K-event planes cost 10% more CPU
     with the thread). Reader errors are re-raised here, in the caller's thread.
+
+    ``depth``: batches decoded ahead, by default a flush's worth and one more. The loader writes
+    ``FLUSH_EVENTS`` rows at a time: with fewer batches ahead it waited, after each insert, for the
+    rest of the next flush to be decoded, and decoding and inserting took turns instead of
+    overlapping (2 ahead, 8 a flush: a 6M-event file's load waited 0.4 s for batches;
+    benchmarks/results/bench_ingest.md).
     """
+    if depth is None:
+        depth = FLUSH_EVENTS // CHUNK_EVENTS + 1
     for plane in reader.planes():
         if plane.info.num_events < PREFETCH_MIN_EVENTS:
             yield plane, plane.batches
