@@ -35,6 +35,11 @@ if TYPE_CHECKING:  # MLPerf tables are Arrow: imported only when MLPerf logs are
 # Should it run out, the load is rolled back and redone once with RETRY.
 COMMIT_MEMORY_LIMIT = "512MB"
 RETRY_MEMORY_LIMIT = "1GB"
+# DuckDB's buffer for XSpace runs loaded directly (``RunToStore.load``): a transaction keeps the rows it
+# appends in memory until its writer has them on disk, as much as the buffer allows. With 512 MB that
+# was ~100 MB of a 2M-event file's ingest (peak RSS 211 MB, 383 for 6M events); with 128 MB: 180 and
+# 352-356, in the same time; 64 MB: 172 and 332, 3.5% slower (benchmarks/results/bench_ingest.md)
+DIRECT_XSPACE_MEMORY_LIMIT = "128MB"
 PARQUET_COMMENT = "parquet:"  # comment of the event_rows view of a Parquet-layout database
 
 
@@ -128,12 +133,14 @@ def store_runs(
 ) -> Stored:
     """Write every run (and the MLPerf folders) in one transaction; retried once with a larger
     DuckDB buffer should the first attempt run out of memory (a note says so)."""
+    direct = all(run.load is not None and run.source_format == "xspace" for run in runs)
+    first = DIRECT_XSPACE_MEMORY_LIMIT if runs and direct else COMMIT_MEMORY_LIMIT
     try:
-        return _store_once(con, db_path, runs, mlperf, parquet, COMMIT_MEMORY_LIMIT)
+        return _store_once(con, db_path, runs, mlperf, parquet, first)
     except _OutOfMemory:
         stored = _store_once(con, db_path, runs, mlperf, parquet, RETRY_MEMORY_LIMIT)
         stored.notes.append(
-            f"DuckDB ran out of its {COMMIT_MEMORY_LIMIT} load buffer; loaded again with {RETRY_MEMORY_LIMIT}"
+            f"DuckDB ran out of its {first} load buffer; loaded again with {RETRY_MEMORY_LIMIT}"
         )
         return stored
 

@@ -103,8 +103,9 @@ def test_a_load_out_of_duckdb_memory_is_redone_with_a_note(
     reference = ingest_paths([GENERATED], tmp_path / "reference.duckdb")
     monkeypatch.setenv("TPUANALYZE_DIRECT_LOAD", "1" if direct else "0")
     # parts: the buffer while a host's parts are written; direct: the database's, inside the commit
+    # (an XSpace run's own, smaller than the commit's of parts)
     monkeypatch.setattr(commit_module if direct else ingest_module,
-                        "COMMIT_MEMORY_LIMIT" if direct else "LOAD_MEMORY_LIMIT", "1MB")
+                        "DIRECT_XSPACE_MEMORY_LIMIT" if direct else "LOAD_MEMORY_LIMIT", "1MB")
     summary = ingest_paths([GENERATED], tmp_path / "tiny.duckdb", workers=1)  # in this process
     assert any("ran out of its 1MB load buffer" in note for note in summary.notes), summary.notes
     assert summary.events == reference.events
