@@ -1,6 +1,7 @@
 """Benchmark: `tpuanalyze report DIR` on generated pod runs of 64 to 512 hosts, beside XProf's overview.
 
     python benchmarks/bench_pod.py [--hosts 64,128,256,512] [--cache /tmp/tpuanalyze_pod] [--no-xprof]
+                                   [--rounds N]
 
 For each host count, a ResNet-50 run of the 4096-chip pod (`tpuanalyze generate --chips 4096 --hosts N`:
 the same pod, N of its hosts written, so every host file holds the same work) is generated once under
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,18 +119,40 @@ def run_events(db: Path) -> int:
 
 
 def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool, baseline: str | None,
-               baseline_max_hosts: int) -> dict:
+               baseline_max_hosts: int, rounds: int = 1) -> dict:
     run_dir = generated_run(cache, hosts)
     files = xspace_files(run_dir)
     db = cache / f"resnet50-h{hosts}.duckdb"
     row: dict = {"hosts": hosts, "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
     exe = tpuanalyze_exe()
+    xprof = xprof and Path(XPROF_PYTHON).exists()
     with tempfile.TemporaryDirectory(prefix="bench_pod-") as tmp:
+        def xprof_argv() -> list[str]:
+            """XProf's job on links in a folder of their own: XProf caches what it computed beside the
+            files it reads, and a second run in the same folder would only read that cache back."""
+            links = Path(tempfile.mkdtemp(prefix="xprof-", dir=tmp))
+            for i, f in enumerate(files):
+                (links / f"{i}_{f.name}").symlink_to(f.resolve())
+            return [XPROF_PYTHON, "-c", XPROF_JOB, *sorted(map(str, links.iterdir()))]
         if not reuse_db:
-            # report DIR as users run it: from the raw files, into its temporary database
-            print(f"[{hosts} hosts] report DIR ...", flush=True)
-            row["e2e"] = measure([exe, "report", str(run_dir), "--json", f"{tmp}/e2e.json", "-q",
-                                  "--no-progress"])
+            # report DIR as users run it: from the raw files, into its temporary database; with
+            # ``rounds``, alternated with XProf, each pair's ratio kept (the machine's speed drifts)
+            pairs = []
+            for number in range(rounds):
+                print(f"[{hosts} hosts] report DIR (round {number + 1} of {rounds}) ...", flush=True)
+                ours = measure([exe, "report", str(run_dir), "--json", f"{tmp}/e2e.json", "-q",
+                                "--no-progress"])
+                theirs = None
+                if xprof and rounds > 1:
+                    print(f"[{hosts} hosts] XProf overview_page (round {number + 1} of {rounds}) ...",
+                          flush=True)
+                    theirs = measure(xprof_argv())
+                pairs.append((ours, theirs))
+            row["e2e"] = _median_job([ours for ours, _ in pairs])
+            if rounds > 1 and xprof:
+                row["xprof"] = _median_job([theirs for _, theirs in pairs])
+                row["rounds"] = [{"e2e_s": ours["seconds"], "xprof_s": theirs["seconds"],
+                                  "ratio": ours["seconds"] / theirs["seconds"]} for ours, theirs in pairs]
             e2e_json = json.loads(Path(f"{tmp}/e2e.json").read_text())
             if baseline and hosts <= baseline_max_hosts:
                 print(f"[{hosts} hosts] report DIR with the baseline build ...", flush=True)
@@ -157,14 +181,15 @@ def bench_size(cache: Path, hosts: int, xprof: bool, reuse_db: bool, baseline: s
             differences = json_differences(row["baseline_analysis"].pop("json"), document)
             row["same_json_as_baseline"] = not differences
             row["json_differences"] = differences[:20]
-        if xprof and Path(XPROF_PYTHON).exists():
-            links = Path(tmp) / "xprof"
-            links.mkdir()
-            for i, f in enumerate(files):
-                (links / f"{i}_{f.name}").symlink_to(f.resolve())
+        if xprof and "xprof" not in row:
             print(f"[{hosts} hosts] XProf overview_page ...", flush=True)
-            row["xprof"] = measure([XPROF_PYTHON, "-c", XPROF_JOB, *sorted(map(str, links.iterdir()))])
+            row["xprof"] = measure(xprof_argv())
     return row
+
+
+def _median_job(jobs: list[dict]) -> dict:
+    """The job of median wall time (the lower middle one of an even count)."""
+    return sorted(jobs, key=lambda job: job["seconds"])[(len(jobs) - 1) // 2]
 
 
 def _cell(job: dict | None) -> str:
@@ -194,10 +219,14 @@ def table(rows: list[dict]) -> str:
              "|" + "---|" * 11]
     for r in rows:
         pe_dir, pe_an = per_event(r, "e2e"), per_event(r, "analysis")
+        wall = ratio(sec(r, 'e2e', 'seconds'), sec(r, 'xprof', 'seconds'))
+        if r.get("rounds"):  # alternated pairs: their median ratio, and the range
+            ratios = sorted(pair["ratio"] for pair in r["rounds"])
+            wall = f"{statistics.median(ratios):.2f}x (pairs {', '.join(f'{x:.2f}' for x in ratios)})"
         cells = [str(r["hosts"]), f"{r['events']:,}", _cell(r.get("e2e")), _cell(r.get("baseline_e2e")),
                  _cell(r.get("ingest")), _cell(r["analysis"]), _cell(r.get("baseline_analysis")),
                  _cell(r.get("xprof")),
-                 f"{ratio(sec(r, 'e2e', 'seconds'), sec(r, 'xprof', 'seconds'))}, "
+                 f"{wall}, "
                  f"{ratio(sec(r, 'e2e', 'cpu_seconds'), sec(r, 'xprof', 'cpu_seconds'))}",
                  f"{pe_dir:.2f}, {pe_an:.2f}" if pe_dir else f"-, {pe_an:.2f}",
                  f"{ratio(pe_dir, per_event(base, 'e2e'))}, {ratio(pe_an, per_event(base, 'analysis'))}"]
@@ -219,12 +248,16 @@ def main() -> None:
     parser.add_argument("--baseline-max-hosts", type=int, default=128,
                         help="run the baseline build only up to this many hosts (a whole-run analysis "
                              "needs ~1.1 GB per million events)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="report DIR and XProf alternated this many times: the table gives the median "
+                             "job and the median of the pairs' wall-time ratios (this machine's speed drifts "
+                             "by up to a third between runs)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     sizes = sorted(int(h) for h in args.hosts.split(","))
     rows = [bench_size(args.cache, h, not args.no_xprof, args.reuse_db, args.baseline,
-                       args.baseline_max_hosts)
+                       args.baseline_max_hosts, args.rounds)
             for h in sizes]
     text = table(rows)
     print(text)
