@@ -33,7 +33,9 @@ def _concat(con: duckdb.DuckDBPyConnection, target: str, key: str, tables: Seque
         return
     columns = ", ".join(f"CAST({int(run_id)} AS {t}) AS {c}" if c == "run_id" else f"CAST({c} AS {t}) AS {c}"
                         for c, t in types)
-    for i, (table, _) in enumerate(tables):
+    whole = _concatenated([table for table, _ in tables])
+    pieces = [whole] if whole is not None else [table for table, _ in tables]
+    for i, table in enumerate(pieces):
         name = f"{target}_arrow"
         con.register(name, table)
         try:
@@ -43,6 +45,18 @@ def _concat(con: duckdb.DuckDBPyConnection, target: str, key: str, tables: Seque
                 con.execute(f"INSERT INTO {target} SELECT {columns} FROM {name}")
         finally:
             con.unregister(name)
+
+
+def _concatenated(tables: Sequence[Any]) -> Any:
+    """The batches' Arrow tables as one (their chunks, not copied), or None where their schemas differ
+    (a column all NULL in one batch, say): then one statement per batch. Why: a statement costs a few
+    ms, and a 512-host run has 31 batches of 14 relations (0.84 s of the report, one core)."""
+    import pyarrow as pa
+
+    try:
+        return pa.concat_tables(list(tables))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
 
 
 def materialize_mapped(con: duckdb.DuckDBPyConnection, run_id: int, results: Sequence[BatchResult],

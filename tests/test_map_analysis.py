@@ -336,3 +336,21 @@ def test_one_large_host_is_attributed_batch_wise_as_the_whole_run(tmp_path: Path
         con.close()
     assert calls == [1], "one batch, by the per-host path"
     assert close_json(report_json([whole]), report_json([batched])) == []
+
+
+def test_batches_results_become_one_relation_in_order_whatever_their_arrow_types() -> None:
+    """materialize_mapped's concatenation: one statement for batches of one schema, one per batch when a
+    column is all NULL in some batch (Arrow's null type): the same rows in batch order either way."""
+    import pyarrow as pa
+    from tpuanalyze.analyzer.mapped import _concat, _concatenated
+
+    types = [("run_id", "INTEGER"), ("host", "VARCHAR"), ("step_num", "BIGINT")]
+    alike = [pa.table({"run_id": [0, 0], "host": ["a", "a"], "step_num": [1, 2]}),
+             pa.table({"run_id": [0], "host": ["b"], "step_num": [3]})]
+    unlike = [alike[0], pa.table({"run_id": [0], "host": ["c"], "step_num": pa.nulls(1)})]
+    assert _concatenated(alike) is not None and _concatenated(unlike) is None
+    con = duckdb.connect()
+    for batches, expected in ((alike, [(7, "a", 1), (7, "a", 2), (7, "b", 3)]),
+                              (unlike, [(7, "a", 1), (7, "a", 2), (7, "c", None)])):
+        _concat(con, "t", "t", [(table, types) for table in batches], 7)
+        assert con.execute("SELECT * FROM t").fetchall() == expected
