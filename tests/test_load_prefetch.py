@@ -21,15 +21,15 @@ def _reader(batches: int, produced: list[int]) -> SimpleNamespace:
     return SimpleNamespace(planes=lambda: iter([plane]))
 
 
-def _settled(produced: list[int]) -> int:
-    """How many batches the decoding thread made once it stopped (its queue full)."""
-    seen, still = -1, 0
-    deadline = time.monotonic() + 10
-    while still < 20 and time.monotonic() < deadline:
-        time.sleep(0.01)
-        still = still + 1 if len(produced) == seen else 0
-        seen = len(produced)
-    return seen
+def _made(produced: list[int], wanted: int) -> int:
+    """How many batches the decoding thread has made, once it made ``wanted`` or stopped short of it
+    (its queue full) for a second."""
+    seen, since = -1, time.monotonic()
+    while len(produced) < wanted and time.monotonic() - since < 1.0:
+        if len(produced) != seen:
+            seen, since = len(produced), time.monotonic()
+        time.sleep(0.005)
+    return len(produced)
 
 
 def test_a_large_plane_is_decoded_a_flush_ahead_of_the_insert():
@@ -38,6 +38,6 @@ def test_a_large_plane_is_decoded_a_flush_ahead_of_the_insert():
     (plane, batches), = list(_prefetched(_reader(4 * per_flush, produced)))
     first = next(batches)
     assert first == 0
-    ahead = _settled(produced) - 1  # made but not yet taken
+    ahead = _made(produced, per_flush + 1) - 1  # made but not yet taken
     assert ahead >= per_flush, f"only {ahead} batches decoded ahead; a flush takes {per_flush}"
     assert list(batches) == list(range(1, 4 * per_flush))  # every batch, in order
