@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -130,6 +131,31 @@ class PlaneInfo:
     stats: str | None
 
 
+# Stat names this process has read, numbered: a reader gives each stat row its name's number
+# (``StatLong.key_code``), so the loader finds a batch's distinct names among integers instead of
+# hashing every row's string (store/load.py ``stat_key_index``; it was ~3% of a pod host's map CPU).
+# Bounded: past ``MAX_STAT_KEYS`` names (hostile input) a reader gives no numbers and the loader hashes.
+STAT_KEY_NAMES: list[str] = []
+_STAT_KEY_CODES: dict[str, int] = {}
+_STAT_KEY_LOCK = threading.Lock()  # (a Dask worker reads hosts in threads)
+MAX_STAT_KEYS = 1 << 16
+
+
+def stat_key_codes(names: list[str]) -> np.ndarray | None:
+    """The numbers of ``names`` in ``STAT_KEY_NAMES`` (new names numbered), or None once it is full."""
+    codes = np.empty(len(names), dtype=np.int32)
+    with _STAT_KEY_LOCK:
+        for i, name in enumerate(names):
+            code = _STAT_KEY_CODES.get(name)
+            if code is None:
+                if len(STAT_KEY_NAMES) >= MAX_STAT_KEYS:
+                    return None
+                code = _STAT_KEY_CODES[name] = len(STAT_KEY_NAMES)
+                STAT_KEY_NAMES.append(name)
+            codes[i] = code
+    return codes
+
+
 @dataclass
 class StatLong:
     """Event stats of one batch as a long table: one row per stat, in the trace's order.
@@ -137,6 +163,7 @@ class StatLong:
     ``owner``: the event's index within the batch; ``key``: stat name (object array); ``kind``:
     which value column holds the value (``STAT_*``); ``text`` holds strings (also ref targets,
     base64 of bytes, non-finite floats) and, for ``STAT_JSON``, values already written as JSON.
+    ``key_code``: each row's name as its number in ``STAT_KEY_NAMES``, where the reader gives them.
     """
 
     owner: np.ndarray
@@ -146,12 +173,13 @@ class StatLong:
     u64: np.ndarray
     f64: np.ndarray
     text: np.ndarray
+    key_code: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.owner)
 
     def columns(self) -> Columns:
-        return {
+        columns = {
             "owner": self.owner.astype(np.int64, copy=False),
             "seq": np.arange(len(self.owner), dtype=np.int64),
             "key": self.key,
@@ -161,6 +189,9 @@ class StatLong:
             "f64": self.f64.astype(np.float64, copy=False),
             "text": self.text,
         }
+        if self.key_code is not None:
+            columns["key_code"] = self.key_code
+        return columns
 
 
 @dataclass

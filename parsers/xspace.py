@@ -50,6 +50,7 @@ from tpuanalyze.parsers.staging import (
     json_safe,
     lines_columns,
     metadata_table,
+    stat_key_codes,
     text_column,
 )
 from tpuanalyze.parsers.trace_file import open_trace_file, read_trace_file
@@ -643,18 +644,22 @@ _STAT_WIRE = {2: 1, 3: 0, 4: 0, 5: 2, 6: 2, 7: 0}
 
 
 def _labels(ids: np.ndarray, names: dict[int, str], prefix: str) -> np.ndarray:
-    """Int ids -> object array of names (one Python lookup per distinct id; the distinct ids found
-    through a table of ids where they are small, as stat metadata ids are, else a sort)."""
+    """Int ids -> object array of names (one Python lookup per distinct id)."""
+    texts, index = _label_index(ids, names, prefix)
+    return text_column(texts)[index]
+
+
+def _label_index(ids: np.ndarray, names: dict[int, str], prefix: str) -> tuple[list[str], np.ndarray]:
+    """(the distinct ids' names, each id's index into them): the distinct ids found through a table of
+    ids where they are small, as stat metadata ids are, else a sort."""
     if len(ids) and 0 <= int(ids.min()) and int(ids.max()) < _LABEL_TABLE:
         present = np.zeros(int(ids.max()) + 1, bool)
         present[ids] = True
         uniq = np.flatnonzero(present)
         position = np.cumsum(present) - 1
-        labels = text_column([names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq.tolist()])
-        return labels[position[ids]]
+        return [names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq.tolist()], position[ids]
     uniq, inverse = np.unique(ids, return_inverse=True)
-    labels = text_column([names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq])
-    return labels[inverse.reshape(-1)]
+    return [names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq], inverse.reshape(-1)
 
 
 _LABEL_TABLE = 1 << 16  # ids below this are found through a presence table (_labels)
@@ -728,14 +733,17 @@ def _stat_table(
         text[i] = json_safe(buf[start : start + size].tobytes())
     kind[(number == _STAT_STR) | (number == _STAT_REF) | (number == _STAT_BYTES)] = STAT_TEXT
     kind[nonfinite] = STAT_TEXT
+    key_names, key_index = _label_index(mids, stat_names, "stat")
+    codes = stat_key_codes(key_names)
     return StatLong(
         owner=owners,
-        key=_labels(mids, stat_names, "stat"),
+        key=text_column(key_names)[key_index],
         kind=kind,
         i64=i64,
         u64=u64,
         f64=f64,
         text=text,
+        key_code=None if codes is None else codes[key_index],
     )
 
 

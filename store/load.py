@@ -36,6 +36,7 @@ from tpuanalyze.parsers.staging import (
     STAT_DOUBLE,
     STAT_INT,
     STAT_JSON,
+    STAT_KEY_NAMES,
     STAT_TEXT,
     STAT_UINT,
     TYPED_COLUMNS,
@@ -233,6 +234,20 @@ def factorize(values: np.ndarray) -> tuple[list[Any], np.ndarray]:
 FACTORIZE_WITH_PANDAS = 65_536  # rows from which factorize hashes with pandas (imported once, ~0.3 s)
 
 
+def stat_key_index(stats: Columns) -> tuple[list[Any], np.ndarray]:
+    """(the distinct stat names of the rows, each row's index into them): from the rows' name
+    numbers where the reader gave them (``StatLong.key_code``: a table of the few numbers in use),
+    else by hashing the names (``factorize``)."""
+    codes = stats.get("key_code")
+    if codes is None or not len(codes):
+        return factorize(stats["key"])
+    present = np.zeros(int(codes.max()) + 1, dtype=bool)
+    present[codes] = True
+    used = np.flatnonzero(present)
+    position = np.cumsum(present) - 1
+    return [STAT_KEY_NAMES[code] for code in used.tolist()], position[codes].astype(np.int64)
+
+
 # Text that DuckDB's to_json writes as is between quotes (printable ASCII but quote and backslash).
 _PLAIN_TEXT = re.compile(r'[ !#-\[\]-~]*')
 
@@ -247,7 +262,7 @@ def _plain_stats_json(stats: Columns) -> tuple[np.ndarray, np.ndarray] | None:
     if not (is_int | is_uint | is_text).all():
         return None
     match = _PLAIN_TEXT.fullmatch
-    names, codes = factorize(stats["key"])
+    names, codes = stat_key_index(stats)
     keys = []
     for name in names:
         if not isinstance(name, str) or not match(name):
@@ -315,7 +330,7 @@ def _typed_columns(stats: Columns, n: int) -> tuple[Columns, np.ndarray]:
     fitting stat of a typed name is kept out of the JSON, as its value is in the column.
     """
     keys, owner = stats["key"], stats["owner"]
-    names, codes = factorize(keys)
+    names, codes = stat_key_index(stats)
     code_of = {str(name): i for i, name in enumerate(names)}
     typed_rows = np.zeros(len(keys), dtype=bool)
     columns: Columns = {}
@@ -578,7 +593,10 @@ class _Details(_Parts):
 
 
 def _concat(parts: list[Columns]) -> Columns:
-    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    names = list(parts[0])
+    if "key_code" in names and not all("key_code" in part for part in parts):
+        names.remove("key_code")  # stat rows of a reader that gave no name numbers among them
+    return {name: np.concatenate([part[name] for part in parts]) for name in names}
 
 
 @dataclass

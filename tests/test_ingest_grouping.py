@@ -15,7 +15,7 @@ import duckdb
 import numpy as np
 import pytest
 from conftest import SAMPLE_TRACES, SHARED_TRACES
-from tpuanalyze.parsers import xspace
+from tpuanalyze.parsers import staging, xspace
 from tpuanalyze.parsers.xspace import XSpaceReader
 from tpuanalyze.store import load
 from tpuanalyze.store.parts import GroupParts
@@ -151,6 +151,35 @@ def test_factorize_codes_rows_by_first_appearance() -> None:
     names, codes = load.factorize(np.array(["b", "a", "b", "c", "a"], dtype=object))
     assert names == ["b", "a", "c"] and codes.tolist() == [0, 1, 0, 2, 1]
     assert [names[c] for c in codes] == ["b", "a", "b", "c", "a"]
+
+
+def test_stat_rows_carry_their_names_numbers_and_index_as_the_names_do() -> None:
+    stats = [batch.stats for plane in XSpaceReader(POD_HOST).planes() for batch in plane.batches
+             if batch.stats is not None and len(batch.stats)]
+    assert stats and all(s.key_code is not None for s in stats)  # the reader numbers the names
+    columns = load._concat([s.columns() for s in stats])
+    names, index = load.stat_key_index(columns)
+    by_name, by_name_index = load.factorize(columns["key"])
+    assert [names[i] for i in index] == [by_name[i] for i in by_name_index] == columns["key"].tolist()
+    # a batch without numbers among others: the numbers are dropped, the names hashed
+    first = stats[0].columns()
+    mixed = load._concat([first, {name: values for name, values in first.items() if name != "key_code"}])
+    assert "key_code" not in mixed
+    names, index = load.stat_key_index(mixed)
+    assert [names[i] for i in index] == mixed["key"].tolist()
+
+
+@pytest.mark.parametrize("path", [POD_HOST, *sorted((SAMPLE_TRACES / "jax_cpu").rglob("*.xplane.pb"))[:2]],
+                         ids=lambda p: p.parent.name)
+def test_stat_name_numbers_run_out_and_the_rows_stay_the_same(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    numbered = _parts(path, tmp_path / "numbered")
+    monkeypatch.setattr(staging, "MAX_STAT_KEYS", 0)  # the process has numbered all it may
+    monkeypatch.setattr(staging, "STAT_KEY_NAMES", [])
+    monkeypatch.setattr(staging, "_STAT_KEY_CODES", {})
+    assert XSpaceReader(path) and staging.stat_key_codes(["step_num"]) is None
+    assert _parts(path, tmp_path / "hashed") == numbered
 
 
 def test_compiled_decoder_is_chosen_per_process_for_many_hosts() -> None:
