@@ -133,12 +133,35 @@ class PlaneInfo:
 
 # Stat names this process has read, numbered: a reader gives each stat row its name's number
 # (``StatLong.key_code``), so the loader finds a batch's distinct names among integers instead of
-# hashing every row's string (store/load.py ``stat_key_index``; it was ~3% of a pod host's map CPU).
+# hashing every row's string (``stat_key_names``; hashing was ~3% of a pod host's map CPU).
 # Bounded: past ``MAX_STAT_KEYS`` names (hostile input) a reader gives no numbers and the loader hashes.
 STAT_KEY_NAMES: list[str] = []
 _STAT_KEY_CODES: dict[str, int] = {}
 _STAT_KEY_LOCK = threading.Lock()  # (a Dask worker reads hosts in threads)
 MAX_STAT_KEYS = 1 << 16
+
+
+def distinct_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct ids ascending, each id's index into them): through a table of the ids where they
+    are small and not negative (stat metadata ids, stat name numbers), else a sort."""
+    if len(ids) and 0 <= int(ids.min()) and int(ids.max()) < DISTINCT_BY_TABLE:
+        present = np.zeros(int(ids.max()) + 1, bool)
+        present[ids] = True
+        return np.flatnonzero(present), (np.cumsum(present) - 1)[ids]
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
+DISTINCT_BY_TABLE = 1 << 16  # ids below this are found through a presence table (distinct_ids)
+
+
+def stat_key_names(codes: np.ndarray) -> tuple[list[str], np.ndarray] | None:
+    """(the distinct names of stat rows numbered ``codes``, each row's index into them), or None if
+    some row has no number (-1: ``StatLong.columns``)."""
+    if len(codes) and int(codes.min()) < 0:
+        return None
+    used, index = distinct_ids(codes)
+    return [STAT_KEY_NAMES[code] for code in used.tolist()], index.astype(np.int64)
 
 
 def stat_key_codes(names: list[str]) -> np.ndarray | None:
@@ -163,7 +186,8 @@ class StatLong:
     ``owner``: the event's index within the batch; ``key``: stat name (object array); ``kind``:
     which value column holds the value (``STAT_*``); ``text`` holds strings (also ref targets,
     base64 of bytes, non-finite floats) and, for ``STAT_JSON``, values already written as JSON.
-    ``key_code``: each row's name as its number in ``STAT_KEY_NAMES``, where the reader gives them.
+    ``key_code``: each row's name as its number in ``STAT_KEY_NAMES``, where the reader gives them
+    (the ``key_code`` column is -1 where it does not).
     """
 
     owner: np.ndarray
@@ -179,19 +203,17 @@ class StatLong:
         return len(self.owner)
 
     def columns(self) -> Columns:
-        columns = {
+        return {
             "owner": self.owner.astype(np.int64, copy=False),
             "seq": np.arange(len(self.owner), dtype=np.int64),
             "key": self.key,
+            "key_code": np.full(len(self.owner), -1, np.int32) if self.key_code is None else self.key_code,
             "kind": self.kind.astype(np.int8, copy=False),
             "i64": self.i64.astype(np.int64, copy=False),
             "u64": self.u64.astype(np.uint64, copy=False),
             "f64": self.f64.astype(np.float64, copy=False),
             "text": self.text,
         }
-        if self.key_code is not None:
-            columns["key_code"] = self.key_code
-        return columns
 
 
 @dataclass

@@ -45,6 +45,7 @@ from tpuanalyze.parsers.staging import (
     PlaneInfo,
     StatLong,
     classify_plane,
+    distinct_ids,
     empty_lines,
     first_bad_time,
     json_safe,
@@ -650,19 +651,9 @@ def _labels(ids: np.ndarray, names: dict[int, str], prefix: str) -> np.ndarray:
 
 
 def _label_index(ids: np.ndarray, names: dict[int, str], prefix: str) -> tuple[list[str], np.ndarray]:
-    """(the distinct ids' names, each id's index into them): the distinct ids found through a table of
-    ids where they are small, as stat metadata ids are, else a sort."""
-    if len(ids) and 0 <= int(ids.min()) and int(ids.max()) < _LABEL_TABLE:
-        present = np.zeros(int(ids.max()) + 1, bool)
-        present[ids] = True
-        uniq = np.flatnonzero(present)
-        position = np.cumsum(present) - 1
-        return [names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq.tolist()], position[ids]
-    uniq, inverse = np.unique(ids, return_inverse=True)
-    return [names.get(int(u)) or f"{prefix}#{int(u)}" for u in uniq], inverse.reshape(-1)
-
-
-_LABEL_TABLE = 1 << 16  # ids below this are found through a presence table (_labels)
+    """(the distinct ids' names, each id's index into them)."""
+    uniq, index = distinct_ids(ids)
+    return [names.get(u) or f"{prefix}#{u}" for u in uniq.tolist()], index
 
 
 def _stat_values(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -36,7 +36,6 @@ from tpuanalyze.parsers.staging import (
     STAT_DOUBLE,
     STAT_INT,
     STAT_JSON,
-    STAT_KEY_NAMES,
     STAT_TEXT,
     STAT_UINT,
     TYPED_COLUMNS,
@@ -47,6 +46,7 @@ from tpuanalyze.parsers.staging import (
     PlaneData,
     PlaneInfo,
     nullable_columns,
+    stat_key_names,
     text_column,
 )
 from tpuanalyze.store.database import schema_sql
@@ -236,16 +236,9 @@ FACTORIZE_WITH_PANDAS = 65_536  # rows from which factorize hashes with pandas (
 
 def stat_key_index(stats: Columns) -> tuple[list[Any], np.ndarray]:
     """(the distinct stat names of the rows, each row's index into them): from the rows' name
-    numbers where the reader gave them (``StatLong.key_code``: a table of the few numbers in use),
-    else by hashing the names (``factorize``)."""
-    codes = stats.get("key_code")
-    if codes is None or not len(codes):
-        return factorize(stats["key"])
-    present = np.zeros(int(codes.max()) + 1, dtype=bool)
-    present[codes] = True
-    used = np.flatnonzero(present)
-    position = np.cumsum(present) - 1
-    return [STAT_KEY_NAMES[code] for code in used.tolist()], position[codes].astype(np.int64)
+    numbers where the reader gave them all (``StatLong.key_code``), else by hashing the names."""
+    found = stat_key_names(stats["key_code"]) if "key_code" in stats else None
+    return factorize(stats["key"]) if found is None else found
 
 
 # Text that DuckDB's to_json writes as is between quotes (printable ASCII but quote and backslash).
@@ -593,10 +586,7 @@ class _Details(_Parts):
 
 
 def _concat(parts: list[Columns]) -> Columns:
-    names = list(parts[0])
-    if "key_code" in names and not all("key_code" in part for part in parts):
-        names.remove("key_code")  # stat rows of a reader that gave no name numbers among them
-    return {name: np.concatenate([part[name] for part in parts]) for name in names}
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
 @dataclass

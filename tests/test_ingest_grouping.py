@@ -9,6 +9,7 @@ template with the schema and the views: it must equal one created statement by s
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import duckdb
@@ -135,8 +136,10 @@ def _parts(path: Path, staging: Path) -> dict[str, list]:
         con.close()
 
 
-@pytest.mark.parametrize("path", [POD_HOST, *sorted((SAMPLE_TRACES / "jax_cpu").rglob("*.xplane.pb"))[:2]],
-                         ids=lambda p: p.parent.name)
+PARTS_INPUTS = [POD_HOST, *sorted((SAMPLE_TRACES / "jax_cpu").rglob("*.xplane.pb"))[:2]]
+
+
+@pytest.mark.parametrize("path", PARTS_INPUTS, ids=lambda p: p.parent.name)
 def test_batches_loaded_together_give_the_rows_of_one_by_one(
     path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -161,16 +164,16 @@ def test_stat_rows_carry_their_names_numbers_and_index_as_the_names_do() -> None
     names, index = load.stat_key_index(columns)
     by_name, by_name_index = load.factorize(columns["key"])
     assert [names[i] for i in index] == [by_name[i] for i in by_name_index] == columns["key"].tolist()
-    # a batch without numbers among others: the numbers are dropped, the names hashed
-    first = stats[0].columns()
-    mixed = load._concat([first, {name: values for name, values in first.items() if name != "key_code"}])
-    assert "key_code" not in mixed
+    # a batch without numbers among others (-1): the names are hashed
+    first = stats[0]
+    unnumbered = dataclasses.replace(first, key_code=None)
+    mixed = load._concat([first.columns(), unnumbered.columns()])
+    assert (mixed["key_code"] == -1).any() and staging.stat_key_names(mixed["key_code"]) is None
     names, index = load.stat_key_index(mixed)
     assert [names[i] for i in index] == mixed["key"].tolist()
 
 
-@pytest.mark.parametrize("path", [POD_HOST, *sorted((SAMPLE_TRACES / "jax_cpu").rglob("*.xplane.pb"))[:2]],
-                         ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", PARTS_INPUTS, ids=lambda p: p.parent.name)
 def test_stat_name_numbers_run_out_and_the_rows_stay_the_same(
     path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
