@@ -21,8 +21,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 from tpuanalyze.reports import view
-from tpuanalyze.reports.charts import CATEGORY_COLORS
 from tpuanalyze.reports.identity_view import identity_rows
+from tpuanalyze.reports.palette import CATEGORY_COLORS
 
 from tpuanalyze.safe_text import plain, safe
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
-from tpuanalyze.reports.charts import CATEGORIES, CATEGORY_LABELS
+from tpuanalyze.reports.palette import CATEGORIES, CATEGORY_LABELS
 
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 # idle outside the step cycle gets its own row under idle from this share of wall time on (below it the

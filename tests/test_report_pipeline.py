@@ -13,6 +13,7 @@ import atexit
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -199,3 +200,25 @@ def test_real_jax_cpu_capture_reports_without_collectives(tmp_path: Path) -> Non
     document = html_path.read_text()
     assert "no collectives in this trace" in document
     assert "tpuanalyze: " in document  # title
+
+
+@pytest.mark.parametrize("outputs, charts_loaded", [(("--json", "r.json"), False),
+                                                    (("--html", "r.html"), True)])
+def test_only_an_html_report_loads_the_chart_library(tmp_path: Path, outputs: tuple[str, str],
+                                                     charts_loaded: bool) -> None:
+    """The terminal summary and the JSON take the palette, not Altair (~0.3 s to import on every
+    report that draws nothing); the HTML report loads it."""
+    code = (
+        "import sys\n"
+        "from tpuanalyze.cli import main\n"
+        "try:\n"
+        f"    main(['report', {str(JAX_CPU / 'pmap8_input_bound')!r}, {outputs[0]!r}, {outputs[1]!r}])\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print('altair' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(charts_loaded)
+    assert (tmp_path / outputs[1]).stat().st_size > 0
