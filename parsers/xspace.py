@@ -5,8 +5,9 @@ left as raw bytes, so no Python object is ever made per event; ``parsers.wire`` 
 events (and their stats) of up to ``CHUNK_EVENTS`` events at a time with numpy. Planes, lines and
 event/stat metadata (thousands, not millions) are read through the normal message API.
 Files with many events (``COMPILED_MIN_EVENTS``) are decoded by the compiled kernels of
-``parsers.wire_jit`` instead (one pass over the bytes, GIL released); smaller ones keep the numpy
-decoder, which needs no numba import. Both give the same batches.
+``parsers.wire_jit`` instead (one pass over the bytes, GIL released); smaller ones, and a file its
+caller asks to read with numpy (``decoder='numpy'``: one file loaded into the database, whose inserts
+set the pace), keep the numpy decoder, which needs no numba import. Both give the same batches.
 Memory: the file is never held whole; only its top-level field headers are walked, and each
 plane is read from its byte range when needed (validation, then streaming).
 """
@@ -757,13 +758,18 @@ class XSpaceReader:
 
     source_format = "xspace"
 
-    def __init__(self, path: str | Path, host: str | None = None) -> None:
+    def __init__(self, path: str | Path, host: str | None = None, decoder: str = "auto") -> None:
+        """``decoder``: 'numpy' keeps the numpy decoder whatever the file's size ('auto': by size);
+        ``TPUANALYZE_DECODER`` overrides both."""
         self.path = Path(path)
         self.host = host or host_name_for(self.path)
         self.file_path = str(self.path.resolve())
         where = str(self.path)
+        mode = decoder_mode()
+        if mode == "auto" and decoder == "numpy":
+            mode = "numpy"
         handle, self.file_bytes = open_trace_file(self.path, "an XSpace file")
-        if decoder_mode() == "auto" and self.file_bytes >= COMPILED_MIN_EVENTS * _WARMUP_BYTES_PER_EVENT:
+        if mode == "auto" and self.file_bytes >= COMPILED_MIN_EVENTS * _WARMUP_BYTES_PER_EVENT:
             _Warmup.start()  # likely to be needed: overlaps the validation pass below
         with handle:
             if handle.read(2) == b"\x1f\x8b":
@@ -816,7 +822,6 @@ class XSpaceReader:
         self.t0_ns: int | None = min(stamps)[0] if stamps else None
         if stamps:
             _check_line_span(stamps, names, self._line_rows, where)
-        mode = decoder_mode()
         wanted = mode == "compiled" or mode == "auto" and self.num_events >= COMPILED_MIN_EVENTS
         self._jit = compiled_decoder() if wanted else None
         self._last_metadata: tuple[tuple[Any, ...], Columns] | None = None

@@ -8,6 +8,7 @@ decode the same values. Small files must not pay for numba (it is not even impor
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +208,29 @@ def test_small_files_do_not_import_numba() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("how, numba_loaded", [("reader", True), ("ingest", False)])
+def test_a_direct_load_reads_large_files_with_numpy(tmp_path: Path, how: str, numba_loaded: bool) -> None:
+    """A file past COMPILED_MIN_EVENTS (lowered to 1 here) gets the compiled kernels when read alone,
+    but not when one process ingests it straight into the database (pipeline/ingest.py
+    DIRECT_LOAD_DECODER): its inserts set the pace, and numba would cost start-up and ~120 MB."""
+    sample = next(p for p in _xspace_files() if "jax_cpu" in str(p))
+    read = ("from tpuanalyze.parsers.xspace import XSpaceReader\n"
+            f"r = XSpaceReader({str(sample)!r})\n"
+            "assert sum(b.num_rows for p in r.planes() for b in p.batches) > 0\n")
+    ingest = ("from tpuanalyze.pipeline import ingest_paths\n"
+              f"s = ingest_paths([{str(sample)!r}], {str(tmp_path / 'db.duckdb')!r}, workers=1)\n"
+              "assert s.events > 0\n")
+    code = ("import sys\n"
+            "from tpuanalyze.parsers import xspace\n"
+            "xspace.COMPILED_MIN_EVENTS = 1\n"
+            + (read if how == "reader" else ingest)
+            + "print('numba' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TPUANALYZE_DECODER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == str(numba_loaded)
 
 
 def test_forked_worker_gets_the_compiled_decoder() -> None:

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,16 @@ if TYPE_CHECKING:
 # Without an explicit worker count, inputs smaller than this are read in the calling process:
 # starting a pool of fresh interpreters (~0.5 s each) costs more than it saves on small runs.
 POOL_MIN_BYTES = 64 << 20
+
+
+# The decoder of the direct load's files (unless TPUANALYZE_DECODER says otherwise, or the process reads
+# enough hosts for the compiled kernels, ``_compiled_share``): numpy, whatever a file's size. The load
+# inserts on one thread while a second decodes, so the inserts set the pace and the compiled kernels'
+# faster decoding gains nothing, while loading numba costs ~0.5 s of start-up that holds the GIL and
+# ~120 MB of RSS. Measured (2026-12-03, alternated, benchmarks/results/bench_ingest.md): generated TPU
+# files of 6M and 12M events, and GPU-like files of 1M and 2M events of 4.3 stats each (106, 212 MB):
+# the same or less time with numpy, 120-125 MB less peak RSS.
+DIRECT_LOAD_DECODER = "numpy"
 
 
 def direct_load() -> bool:
@@ -141,6 +151,9 @@ def ingest_paths(
         summary.workers = 0  # unknown: the caller's executor
     staging = _staging_dir(db_path, dataset)
     direct = own_executor and summary.workers == 1 and dataset is None and direct_load() and analyze is None
+    if direct:  # read as the direct load reads best (DIRECT_LOAD_DECODER)
+        hosts = [[replace(item, decoder=DIRECT_LOAD_DECODER) for item in run_hosts] for run_hosts in hosts]
+        flat = [item for run_hosts in hosts for item in run_hosts]
     keep_staging = False
     released = False
     try:

@@ -42,6 +42,9 @@ class HostInput:
     host: str
     path: str
     source_format: str  # 'xspace' | 'chrome_json'
+    # 'numpy': an XSpace file read with the numpy decoder whatever its size (the direct load of one
+    # process: its inserts set the pace, parsers/xspace.py); 'auto': the reader's choice by size
+    decoder: str = "auto"
 
 
 @dataclass
@@ -89,7 +92,10 @@ class Loaded:
 
 def _open(item: HostInput, local: Path | None = None) -> HostReader:
     """The host's reader; for a URL, over its local copy ``local``, the URL kept as its file_path."""
-    reader = READERS[item.source_format](local or Path(item.path), item.host)
+    if item.decoder != "auto" and item.source_format == "xspace":
+        reader = READERS["xspace"](local or Path(item.path), item.host, decoder=item.decoder)
+    else:
+        reader = READERS[item.source_format](local or Path(item.path), item.host)
     if local is not None:
         reader.file_path = item.path  # what the database stores and errors name (docs/cluster.md)
     return reader
