@@ -206,7 +206,7 @@ def test_real_jax_cpu_capture_reports_without_collectives(tmp_path: Path) -> Non
                                                     (("--html", "r.html"), True)])
 def test_only_an_html_report_loads_the_chart_library(tmp_path: Path, outputs: tuple[str, str],
                                                      charts_loaded: bool) -> None:
-    """The terminal summary and the JSON take the palette, not Altair (~0.3 s to import on every
+    """The terminal summary and the JSON take the palette, not Altair (~0.2 s to import on every
     report that draws nothing); the HTML report loads it."""
     code = (
         "import sys\n"
