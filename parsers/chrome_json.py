@@ -213,16 +213,16 @@ def _first_line(exc: BaseException) -> str:
 
 
 class _Stats:
-    """Collects event args as the long stats table (typed by JSON value type)."""
+    """Collects event args as the long stats table (typed by JSON value type).
+
+    Rows gather in Python lists and are packed into numpy arrays every ``STATS_PACK_ROWS`` rows:
+    held as lists, each stat cost ~90 bytes (seven list slots and an int object per value), packed
+    ~50, and the lists and the arrays were both alive while the batches were cut (a Kineto trace of
+    300K kernels with 9 args each peaked at 1.16-1.27 GB, now 1.06; benchmarks/results/bench_ingest.md)."""
 
     def __init__(self) -> None:
-        self.rows: list[int] = []
-        self.keys: list[str] = []
-        self.kinds: list[int] = []
-        self.i64: list[int] = []
-        self.u64: list[int] = []
-        self.f64: list[float] = []
-        self.text: list[str | None] = []
+        self._lists: tuple[list[Any], ...] = ([], [], [], [], [], [], [])  # rows keys kinds i64 u64 f64 text
+        self._packed: list[tuple[np.ndarray, ...]] = []
         self._arrays: tuple[np.ndarray, ...] | None = None
 
     def add(self, row: int, key: str, value: Any) -> None:
@@ -250,27 +250,58 @@ class _Stats:
                 kind, text = STAT_TEXT, repr(value)
         else:
             kind, text = STAT_TEXT, str(value)
-        self.rows.append(row)
-        self.keys.append(str(key))
-        self.kinds.append(kind)
-        self.i64.append(i)
-        self.u64.append(u)
-        self.f64.append(f)
-        self.text.append(text)
+        rows, keys, kinds, i64, u64, f64, texts = self._lists
+        rows.append(row)
+        keys.append(str(key))
+        kinds.append(kind)
+        i64.append(i)
+        u64.append(u)
+        f64.append(f)
+        texts.append(text)
+        if len(rows) >= STATS_PACK_ROWS:
+            self._pack()
+
+    def _pack(self) -> None:
+        rows, keys, kinds, i64, u64, f64, texts = self._lists
+        if rows:
+            self._packed.append((
+                np.array(rows, dtype=np.int64),
+                text_column(keys),
+                np.array(kinds, dtype=np.int8),
+                np.array(i64, dtype=np.int64),
+                np.array(u64, dtype=np.uint64),
+                np.array(f64, dtype=np.float64),
+                text_column(texts),
+            ))
+        self._lists = ([], [], [], [], [], [], [])
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        """(rows, key, kind, i64, u64, f64, text) of every stat, packed once (the pieces freed)."""
+        if self._arrays is None:
+            self._pack()
+            pieces, self._packed = self._packed, []
+            if len(pieces) == 1:
+                self._arrays = pieces[0]
+            else:
+                dtypes = (np.int64, object, np.int8, np.int64, np.uint64, np.float64, object)
+                self._arrays = tuple(
+                    np.concatenate([piece[c] for piece in pieces]) if pieces else np.zeros(0, dtype)
+                    for c, dtype in enumerate(dtypes))
+        return self._arrays
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Each stat's event (its row in the reader's event arrays), in the order the stats were added."""
+        return self._columns()[0]
 
     def long(self, rows: np.ndarray, owners: np.ndarray) -> StatLong:
         """The stat rows ``rows`` as a long table whose owners are ``owners`` (batch-local)."""
-        if self._arrays is None:
-            self._arrays = (
-                text_column(self.keys),
-                np.array(self.kinds, dtype=np.int8),
-                np.array(self.i64, dtype=np.int64),
-                np.array(self.u64, dtype=np.uint64),
-                np.array(self.f64, dtype=np.float64),
-                text_column(self.text),
-            )
-        key, kind, i64, u64, f64, text = (a[rows] for a in self._arrays)
+        key, kind, i64, u64, f64, text = (a[rows] for a in self._columns()[1:])
         return StatLong(owner=owners, key=key, kind=kind, i64=i64, u64=u64, f64=f64, text=text)
+
+
+# Stats packed from lists into arrays at a time (``_Stats``): ~6 MB of lists.
+STATS_PACK_ROWS = 65_536
 
 
 def _int_text(text: str) -> Any:
@@ -480,7 +511,7 @@ class ChromeJsonReader:
         self._line = np.asarray(ev_line, dtype=np.int32)
         self._md = np.asarray(ev_md, dtype=np.int64)
         self._stats = stats
-        self._stat_rows = np.asarray(stats.rows, dtype=np.int64)
+        self._stat_rows = stats.rows
         self._plane_of = plane_of
         self._line_of = line_of
         self._lines_per_plane = lines_per_plane

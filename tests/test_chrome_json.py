@@ -8,7 +8,11 @@ import json
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tpuanalyze.parsers import chrome_json
 
 from tpuanalyze.pipeline import ingest_paths
 
@@ -127,3 +131,34 @@ def test_jax_trace_json_matches_its_xspace_per_line(tmp_path: Path, shared_trace
     for (_, n, xd), (_, _, jd) in zip(x_lines, j_lines, strict=True):
         assert abs(xd - jd) <= n * 1000  # JSON keeps ns precision
     con.close()
+
+
+_ARG_VALUES = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8), st.booleans(), st.none(), st.lists(st.integers(0, 9), max_size=3),
+)
+
+
+@given(args=st.lists(st.tuples(st.integers(0, 50), st.sampled_from(["correlation", "step_num", "grid", "x"]),
+                                _ARG_VALUES), max_size=60),
+       pack=st.integers(1, 7))
+@settings(max_examples=200, deadline=None)
+def test_stats_packed_in_pieces_are_the_stats_kept_whole(args: list, pack: int) -> None:
+    """The reader packs its args table into arrays every STATS_PACK_ROWS rows (memory): the table,
+    its order and every value are those of one piece."""
+    pieces, whole = chrome_json._Stats(), chrome_json._Stats()
+    original = chrome_json.STATS_PACK_ROWS
+    try:
+        chrome_json.STATS_PACK_ROWS = pack
+        for row, key, value in args:
+            pieces.add(row, key, value)
+        chrome_json.STATS_PACK_ROWS = 10**9
+        for row, key, value in args:
+            whole.add(row, key, value)
+    finally:
+        chrome_json.STATS_PACK_ROWS = original
+    assert pieces.rows.tolist() == whole.rows.tolist() == [row for row, _, _ in args]
+    every = np.arange(len(args))
+    a, b = pieces.long(every, every), whole.long(every, every)
+    for column in ("key", "kind", "i64", "u64", "f64", "text"):
+        assert np.array_equal(getattr(a, column), getattr(b, column), equal_nan=column == "f64"), column
