@@ -217,8 +217,9 @@ class _Stats:
 
     Rows gather in Python lists and are packed into numpy arrays every ``STATS_PACK_ROWS`` rows:
     held as lists, each stat cost ~90 bytes (seven list slots and an int object per value), packed
-    ~50, and the lists and the arrays were both alive while the batches were cut (a Kineto trace of
-    300K kernels with 9 args each peaked at 1.16-1.27 GB, now 1.06; benchmarks/results/bench_ingest.md)."""
+    ~50, and the lists and the arrays were both alive while the batches were cut (a Kineto trace
+    of 300K kernels with 9 args each peaked at 1.16-1.27 GB, now 1.04-1.06;
+    benchmarks/results/bench_ingest.md)."""
 
     def __init__(self) -> None:
         self._lists: tuple[list[Any], ...] = ([], [], [], [], [], [], [])  # rows keys kinds i64 u64 f64 text
