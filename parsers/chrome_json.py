@@ -219,7 +219,8 @@ class _Stats:
     held as lists, each stat cost ~90 bytes (seven list slots and an int object per value), packed
     ~50, and the lists and the arrays were both alive while the batches were cut (a Kineto trace
     of 300K kernels with 9 args each peaked at 1.16-1.27 GB, now 1.04-1.06;
-    benchmarks/results/bench_ingest.md)."""
+    benchmarks/results/bench_ingest.md). Every stat is added before ``rows`` or ``long`` is read:
+    the first read packs the table for good."""
 
     def __init__(self) -> None:
         self._lists: tuple[list[Any], ...] = ([], [], [], [], [], [], [])  # rows keys kinds i64 u64 f64 text

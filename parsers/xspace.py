@@ -765,6 +765,8 @@ class XSpaceReader:
         self.host = host or host_name_for(self.path)
         self.file_path = str(self.path.resolve())
         where = str(self.path)
+        if decoder not in ("auto", "numpy"):
+            raise ValueError(f"decoder must be 'auto' or 'numpy', not {decoder!r}")
         mode = decoder_mode()
         if mode == "auto" and decoder == "numpy":
             mode = "numpy"
