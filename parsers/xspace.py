@@ -67,10 +67,11 @@ XSPACE_SUFFIX = ".xplane.pb"
 # process, which the kernels (~0.7 CPU us per event less than the numpy decoder) pay back from
 # ~2.5M events on (benchmarks/results/bench_decode.md); smaller files keep the numpy decoder.
 COMPILED_MIN_EVENTS = 3_000_000
-# The warm-up starts when the file is opened if it is at least this many bytes per event of the
-# threshold (events on TPU core lines take ~19 bytes); smaller files that turn out to hold enough
-# events load the kernels after validation instead.
-_WARMUP_BYTES_PER_EVENT = 20
+# The warm-up starts as soon as the validation pass has counted COMPILED_MIN_EVENTS events, so it
+# overlaps the rest of the pass. It used to start when a file of 60 MB or more was opened (20 bytes an
+# event, as on TPU core lines): a file of stat-heavy events (a GPU capture's ~107 bytes) then paid for
+# numba and was decoded with numpy all the same (`report` of 1M such events: 6.2-6.7 s and 1.33 GB
+# against 5.5 s and 1.20 GB; benchmarks/results/bench_ingest.md).
 # Events one process reads in an ingest from which every file of it is decoded by the compiled
 # kernels (``XSpaceReader.use_compiled``): they save ~1.4 CPU us per event of a pod host over the
 # numpy decoder (small planes decoded together), so loading them (~1.5 CPU s) pays from ~1.1M on.
@@ -771,8 +772,6 @@ class XSpaceReader:
         if mode == "auto" and decoder == "numpy":
             mode = "numpy"
         handle, self.file_bytes = open_trace_file(self.path, "an XSpace file")
-        if mode == "auto" and self.file_bytes >= COMPILED_MIN_EVENTS * _WARMUP_BYTES_PER_EVENT:
-            _Warmup.start()  # likely to be needed: overlaps the validation pass below
         with handle:
             if handle.read(2) == b"\x1f\x8b":
                 raise TraceFormatError("gzip-compressed data, not a raw XSpace protobuf", where)
@@ -814,6 +813,8 @@ class XSpaceReader:
                         stamps.append((line.timestamp_ns, index, line_index))
                         self.num_events += count
                     del line
+                if mode == "auto" and self.num_events >= COMPILED_MIN_EVENTS:
+                    _Warmup.start()  # to be needed: loads beside the rest of the pass (once a process)
                 self._line_rows.append(rows)
                 lines_seen += len(rows)
                 if lines_seen > MAX_LINES:

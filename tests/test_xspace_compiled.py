@@ -233,6 +233,25 @@ def test_a_direct_load_reads_large_files_with_numpy(tmp_path: Path, how: str, nu
     assert out.stdout.strip().splitlines()[-1] == str(numba_loaded)
 
 
+def test_a_large_file_of_few_events_does_not_load_numba() -> None:
+    """The warm-up starts once validation has counted COMPILED_MIN_EVENTS events, not by the file's
+    size: a file of heavy events below the count (set here just under its bytes / 20, the size rule
+    that started it before) never imports numba."""
+    sample = next(p for p in _xspace_files() if "jax_cpu" in str(p))
+    threshold = sample.stat().st_size // 20 - 1
+    code = ("import sys\n"
+            "from tpuanalyze.parsers import xspace\n"
+            f"xspace.COMPILED_MIN_EVENTS = {threshold}\n"
+            f"r = xspace.XSpaceReader({str(sample)!r})\n"
+            f"assert 0 < r.num_events < {threshold}, r.num_events\n"
+            "assert sum(b.num_rows for p in r.planes() for b in p.batches) == r.num_events\n"
+            "print('numba' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TPUANALYZE_DECODER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
 def test_forked_worker_gets_the_compiled_decoder() -> None:
     """A worker forked while the kernels load in the background (the warm-up a large file starts)
     gets the compiled decoder too: the fork waits for the warm-up, never deadlocks on its locks."""
