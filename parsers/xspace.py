@@ -760,8 +760,8 @@ class XSpaceReader:
     source_format = "xspace"
 
     def __init__(self, path: str | Path, host: str | None = None, decoder: str = "auto") -> None:
-        """``decoder``: 'numpy' keeps the numpy decoder whatever the file's size ('auto': by size);
-        ``TPUANALYZE_DECODER`` overrides both."""
+        """``decoder``: 'numpy' keeps the numpy decoder whatever the file's size; 'auto' uses the
+        compiled kernels from ``COMPILED_MIN_EVENTS`` events. ``TPUANALYZE_DECODER`` overrides both."""
         self.path = Path(path)
         self.host = host or host_name_for(self.path)
         self.file_path = str(self.path.resolve())

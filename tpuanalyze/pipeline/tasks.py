@@ -43,7 +43,7 @@ class HostInput:
     path: str
     source_format: str  # 'xspace' | 'chrome_json'
     # 'numpy': an XSpace file read with the numpy decoder whatever its size (the direct load of one
-    # process: its inserts set the pace, parsers/xspace.py); 'auto': the reader's choice by size
+    # process: its inserts set the pace, parsers/xspace.py); 'auto': the reader's choice by event count
     decoder: str = "auto"
 
 
