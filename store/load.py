@@ -24,7 +24,7 @@ import functools
 import queue
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -525,6 +525,7 @@ class _Parts:
         self.rows = 0
         self.files: list[str] = []
         self._numbers: dict[Path, int] = {}
+        self.before: Callable[[], None] | None = None  # called before a statement uses ``con``
 
     def add(self, columns: Columns, host: str) -> None:
         rows = len(next(iter(columns.values())))
@@ -536,11 +537,17 @@ class _Parts:
         self.pending.append(columns)
         self.rows += rows
         if self.rows >= self.flush_rows:
-            self.flush()
+            self._full()
+
+    def _full(self) -> None:
+        """``flush_rows`` rows are pending."""
+        self.flush()
 
     def flush(self) -> None:
         if not self.pending:
             return
+        if self.before is not None:
+            self.before()
         rows = self._rows(_concat(self.pending) if len(self.pending) > 1 else self.pending[0])
         params: dict[str, Any] = {"hosts": list(self.hosts)} if self.needs_host else {}
         self.pending, self.rows, self.hosts = [], 0, {}
@@ -585,6 +592,100 @@ class _Details(_Parts):
         return {**rows, "stats": text}
 
 
+# Rows per Arrow batch of a streamed insert (~4 MB): under DuckDB's row group (122,880 rows). With
+# more than one DuckDB thread, batches of 131,072 rows left a part-filled row group after each, which
+# the checkpoint rewrote (6M event rows: a 119 MB file and 2.7 s, against 60 MB and 1.0 s with 65,536).
+STREAM_BATCH_ROWS = 65_536
+
+
+class _StreamedRows(_Parts):
+    """A direct load's ``event_rows``, inserted by one statement that reads them as an Arrow stream
+    in a helper thread while the loader decodes the next ones (``store.streamed``). The rows arrive
+    as the table holds them (``_stored_rows``), so DuckDB's thread does the insert alone. It starts
+    with a host of ``FLUSH_EVENTS`` events or more, or once as many rows are pending; fewer are
+    inserted as a part is (a small run does not import pyarrow, ~0.1 s). ``pause`` ends the
+    statement: the connection is then free for the other tables' statements (their ``before``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        assert self.run_id is not None and self.needs_host
+        names = ", ".join(c for c, _ in part_columns("event_rows", ("run_id",)))
+        self.streamed_insert = (f"INSERT INTO event_rows (run_id, {names}) "
+                                f"SELECT $run_id, {names} FROM stg_rows")
+        self.stream: Any = None  # store.streamed.StreamedInsert while a statement runs
+        self.streaming = False
+
+    def expect(self, events: int) -> None:
+        """A host of ``events`` events comes next: from ``FLUSH_EVENTS`` it streams from its first batch."""
+        if events >= FLUSH_EVENTS:
+            self.streaming, self.flush_rows = True, STREAM_BATCH_ROWS
+
+    def _full(self) -> None:
+        self.streaming, self.flush_rows = True, STREAM_BATCH_ROWS
+        self._send(whole_batches=True)
+
+    def flush(self) -> None:
+        if self.streaming:
+            self._send(whole_batches=False)
+            self.pause()
+        else:
+            super().flush()
+
+    def pause(self) -> None:
+        """End the running statement, if any (raises its error)."""
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            stream.close()
+
+    def abort(self) -> None:
+        """End the running statement after a failure elsewhere (whose error wins)."""
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            stream.abort()
+
+    def _send(self, whole_batches: bool) -> None:
+        """The pending rows to the statement (started if need be) in batches of
+        ``STREAM_BATCH_ROWS``; ``whole_batches``: a remainder stays pending."""
+        from tpuanalyze.store.streamed import StreamedInsert, arrow_batch
+
+        if not self.pending:
+            return
+        rows = _concat(self.pending) if len(self.pending) > 1 else self.pending[0]
+        total = len(rows["host_code"])
+        end = total - total % STREAM_BATCH_ROWS if whole_batches else total
+        hosts = {"host": list(self.hosts)}
+        for start in range(0, end, STREAM_BATCH_ROWS):
+            columns, valid = _stored_rows({name: values[start:start + STREAM_BATCH_ROWS]
+                                           for name, values in rows.items()})
+            batch = arrow_batch(columns, valid, hosts)
+            if self.stream is None:
+                self.stream = StreamedInsert(self.con, self.streamed_insert, {"run_id": self.run_id},
+                                             batch.schema)
+            self.stream.put(batch)
+        if end < total:  # the remainder keeps its host codes (into the same self.hosts)
+            self.pending, self.rows = [{name: values[end:] for name, values in rows.items()}], total - end
+        else:
+            self.pending, self.rows, self.hosts = [], 0, {}
+
+
+def _stored_rows(rows: Columns) -> tuple[Columns, dict[str, np.ndarray]]:
+    """Loader ``event_rows`` columns as the table stores them (``_EXPRESSIONS["event_rows"]``
+    evaluated in numpy: the run's clock, NULL where a value is not set; ``host`` the host codes),
+    and which values are set."""
+    columns: Columns = {}
+    valid: dict[str, np.ndarray] = {}
+    for column, _ in part_columns("event_rows", ("run_id",)):
+        if column == "host":
+            columns[column] = rows["host_code"]
+        elif column == "start_ps":
+            columns[column] = rows["start_ps"] + rows["shift_ps"]
+        else:
+            columns[column] = rows[column]
+            if f"{column}__ok" in rows:
+                valid[column] = rows[f"{column}__ok"]
+    return columns, valid
+
+
 def _concat(parts: list[Columns]) -> Columns:
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
@@ -611,6 +712,12 @@ PART_ROW_GROUP = 32_768
 EVENT_PART_TABLES = ("event_rows", "event_details")
 
 
+def _parts_class(table: str, direct: bool) -> type[_Parts]:
+    if table == "event_details":
+        return _Details
+    return _StreamedRows if direct and table == "event_rows" else _Parts
+
+
 class TablesWriter:
     """The rows of one or more consecutive hosts of a run, table by table, as Parquet parts in
     ``folders[table]`` (leaving out the columns ``dropped[table]``, compressed with ``compression``),
@@ -631,12 +738,17 @@ class TablesWriter:
         run_id: int | None = None,
     ) -> None:
         self.parts = {
-            table: (_Details if table == "event_details" else _Parts)(
+            table: _parts_class(table, run_id is not None)(
                 con, table, folders[table], dropped[table],
                 FLUSH_EVENTS if table in EVENT_PART_TABLES else FLUSH_PLANE_ROWS, compression, run_id,
             )
             for table in folders
         }
+        self.streamed = self.parts.get("event_rows")
+        if isinstance(self.streamed, _StreamedRows):  # its statement ends before any other one
+            for table_parts in self.parts.values():
+                if table_parts is not self.streamed:
+                    table_parts.before = self.streamed.pause
         self.serial = 0  # the events numbered across planes and hosts (pairs details with their stats JSON)
 
     def event_folders(self, folders: dict[str, Path]) -> dict[str, list[str]]:
@@ -651,12 +763,30 @@ class TablesWriter:
 
     def finish(self) -> dict[str, list[str]]:
         """Write every pending row; each table's parts not yet taken, in order."""
-        for table_parts in self.parts.values():
-            table_parts.flush()
+        try:
+            for table_parts in self.parts.values():
+                table_parts.flush()
+        except BaseException:
+            self.abort()
+            raise
         return {table: table_parts.take_files() for table, table_parts in self.parts.items()}
+
+    def abort(self) -> None:
+        """After a failure: end a streamed statement, so that the connection can roll back."""
+        if isinstance(self.streamed, _StreamedRows):
+            self.streamed.abort()
 
     def add_host(self, reader: HostReader, run_t0_ns: int | None) -> HostLoad:
         """Add the host's rows, event times shifted from the host's t0 to ``run_t0_ns``."""
+        try:
+            return self._add_host(reader, run_t0_ns)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _add_host(self, reader: HostReader, run_t0_ns: int | None) -> HostLoad:
+        if isinstance(self.streamed, _StreamedRows):
+            self.streamed.expect(reader.num_events)
         shift_ps = ((reader.t0_ns or 0) - (run_t0_ns or 0)) * 1000
         host = reader.host
         parts = self.parts

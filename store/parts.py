@@ -179,8 +179,10 @@ class GroupParts:
             self.hosts[-1].files.update({table: names for table, names in files.items() if names})
 
     def discard(self) -> None:
-        """Remove the group's parts (written or half written); a direct load has none."""
+        """Remove the group's parts (written or half written). A direct load has none: its running
+        statement, if any, is ended (the caller's rollback undoes the rows)."""
         if self._direct:
+            self._writer.abort()
             return
         assert self.staging is not None
         for table in HOST_TABLES:

@@ -87,6 +87,33 @@ def test_hosts_loaded_together_store_the_rows_of_a_task_per_host(
     direct = ingest_paths([pod], tmp_path / "direct.duckdb", workers=1)
     assert not tasks and direct.events == summary.events
     assert _stored(tmp_path / "direct.duckdb") == _stored(grouped)
+    # the events streamed to one statement (store/streamed.py), in batches cut inside and across
+    # hosts, paused whenever another table's rows are written: the same rows, in the same order
+    streams = _count_streams(monkeypatch)
+    monkeypatch.setattr(load, "STREAM_BATCH_ROWS", 3_000)
+    ingest_paths([pod], tmp_path / "streamed.duckdb", workers=1)
+    assert len(streams) > 2 and sum(streams) == summary.events
+    assert _stored(tmp_path / "streamed.duckdb") == _stored(grouped)
+
+
+def _count_streams(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each streamed events statement of the direct loads from now on."""
+    from tpuanalyze.store import streamed
+
+    counts: list[int] = []
+    real_init, real_put = streamed.StreamedInsert.__init__, streamed.StreamedInsert.put
+
+    def init(self, *args, **kwargs):
+        counts.append(0)
+        real_init(self, *args, **kwargs)
+
+    def put(self, batch):
+        counts[-1] += batch.num_rows
+        real_put(self, batch)
+
+    monkeypatch.setattr(streamed.StreamedInsert, "__init__", init)
+    monkeypatch.setattr(streamed.StreamedInsert, "put", put)
+    return counts
 
 
 def test_two_workers_group_hosts_and_store_the_same_rows(pod: Path, tmp_path: Path) -> None:
@@ -134,17 +161,23 @@ def _digest(db: Path) -> str:
     return hashlib.sha256(db.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["parts", "direct"])
+@pytest.mark.parametrize("mode", ["parts", "direct", "streamed"])
 def test_a_host_that_fails_inside_a_group_is_named_and_the_database_is_unchanged(
-    pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_traces: Path, direct: bool
+    pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_traces: Path, mode: str
 ) -> None:
     """The file in the middle of a group changes between the two rounds (validated, then cut short):
     the load's error names that file, nothing is stored, no staging folder is left. Loaded straight
     into the database, the rows of the hosts before it are rolled back; a database the call would
-    have created is not left behind."""
+    have created is not left behind. ``streamed``: the events' statement is running (its helper
+    thread reading the stream) when the file fails; it is ended, and the rollback goes through."""
     import shutil
 
+    direct = mode != "parts"
     monkeypatch.setenv("TPUANALYZE_DIRECT_LOAD", "1" if direct else "0")
+    streams = _count_streams(monkeypatch)
+    if mode == "streamed":
+        monkeypatch.setattr(load, "FLUSH_EVENTS", 5_000)
+        monkeypatch.setattr(load, "STREAM_BATCH_ROWS", 3_000)
     db = tmp_path / "db.duckdb"
     ingest_paths([sample_traces / "generated" / "resnet50_v3-32_baseline"], db, workers=1)
     before = _digest(db)
@@ -172,6 +205,7 @@ def test_a_host_that_fails_inside_a_group_is_named_and_the_database_is_unchanged
     assert _digest(db) == before
     assert not (tmp_path / "new.duckdb").exists() and not (tmp_path / "new.duckdb.wal").exists()
     assert not list(tmp_path.glob(".tpuanalyze-staging-*"))
+    assert bool(streams) == (mode == "streamed")  # (the 8 small hosts stream only when told to)
 
 
 def test_a_load_task_stops_at_its_first_bad_host_and_removes_its_parts(pod: Path, tmp_path: Path) -> None:

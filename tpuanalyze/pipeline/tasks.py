@@ -205,15 +205,19 @@ def load_direct(con: duckdb.DuckDBPyConnection, run_id: int, inputs: list[HostIn
         return []
     first = inputs[0]
     group = GroupParts.direct(con, run_id, first.host, first.source_format, run_t0_ns)
-    for item in inputs:
-        try:
-            parts = _add_host(group, item, compiled)
-        except (TpuAnalyzeError, OSError) as exc:
-            error = _error(exc, item)
-            raise TraceFormatError(error.reason, error.path) from None
-        if on_host is not None:
-            on_host(Path(item.path).name, parts.events)
-    return group.finish()
+    try:
+        for item in inputs:
+            try:
+                parts = _add_host(group, item, compiled)
+            except (TpuAnalyzeError, OSError) as exc:
+                error = _error(exc, item)
+                raise TraceFormatError(error.reason, error.path) from None
+            if on_host is not None:
+                on_host(Path(item.path).name, parts.events)
+        return group.finish()
+    except BaseException:
+        group.discard()  # ends a statement still reading the events: the caller's rollback needs ``con``
+        raise
 
 
 def forget_kept() -> None:
