@@ -10,7 +10,7 @@ memory never hides another's), all on the same large XSpace file (``make_large_x
 - ``ingest_paths()``: the same ingest through the Python API, timed inside the process (work time);
 - ``parsing only``: ``read_run`` (the ingest's reader, no database), to split ingest time into
   parsing and loading, with each decoder;
-- ``xprof ProfileData``: XProf's own reader (``/opt/xprofvenv/bin/python``, skipped with a message
+- ``xprof ProfileData``: XProf's own reader (the venv ``.ci/run`` installs, skipped with a message
   when absent): ``ProfileData.from_file`` then every event's name, start_ns, duration_ns and stats;
 - ``protobuf iterate``: ``XSpace.ParseFromString`` then every event's metadata_id, offset_ps,
   duration_ps (the floor: decoding alone, nothing stored).
@@ -49,7 +49,9 @@ from make_large_xspace import DEFAULT_OUT, LargeSpec  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = PROJECT_ROOT / "benchmarks" / "results" / "bench_ingest.md"
-XPROF_PYTHON = os.environ.get("TPUANALYZE_XPROF_PYTHON", "/opt/xprofvenv/bin/python")
+# the venv .ci/run installs XProf into (as bench_pod.py), unless told otherwise
+_XPROF_VENV = os.environ.get("TPUANALYZE_XPROF_VENV", str(Path.home() / ".cache/tpuanalyze/xprof-venv"))
+XPROF_PYTHON = os.environ.get("TPUANALYZE_XPROF_PYTHON", str(Path(_XPROF_VENV) / "bin/python"))
 TARGET_RATIO_VS_XPROF = 5.0
 TARGET_EVENTS_PER_S = 3_000_000  # one file, end to end (the CLI's reported time)
 MEMORY_FACTOR = 3.0
