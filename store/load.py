@@ -674,6 +674,7 @@ def _stored_rows(rows: Columns) -> tuple[Columns, dict[str, np.ndarray]]:
     and which values are set."""
     columns: Columns = {}
     valid: dict[str, np.ndarray] = {}
+    _check_stored_forms()
     for column, _ in part_columns("event_rows", ("run_id",)):
         if column == "host":
             columns[column] = rows["host_code"]
@@ -684,6 +685,17 @@ def _stored_rows(rows: Columns) -> tuple[Columns, dict[str, np.ndarray]]:
             if f"{column}__ok" in rows:
                 valid[column] = rows[f"{column}__ok"]
     return columns, valid
+
+
+@functools.cache
+def _check_stored_forms() -> None:
+    """``_stored_rows`` evaluates the forms of expression ``event_rows`` has today; a new one must be
+    taught to it (or the streamed rows would differ from the parts')."""
+    known = {"host": _HOST, "start_ps": "start_ps + shift_ps"}
+    for column, _ in part_columns("event_rows", ("run_id",)):
+        expression = _EXPRESSIONS["event_rows"][column]
+        if expression not in (known.get(column), column, _value(column, "int"), _value(column, "uint")):
+            raise RuntimeError(f"_stored_rows cannot evaluate event_rows.{column} = {expression}")
 
 
 def _concat(parts: list[Columns]) -> Columns:

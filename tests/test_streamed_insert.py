@@ -156,3 +156,18 @@ print(summary.events, len(used), "pyarrow" in sys.modules, "pandas" in sys.modul
     events, streams, arrow, pandas = out.stdout.split()
     assert int(events) > 1_000 and int(streams) >= 1
     assert (arrow, pandas) == ("True", "False")
+
+
+def test_the_streamed_rows_refuse_an_expression_they_do_not_evaluate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streamed rows evaluate event_rows' SELECT expressions in numpy (store/load.py): a new kind of
+    expression there must not pass unnoticed (the rows would differ from the parts')."""
+    from tpuanalyze.store import load
+
+    load._check_stored_forms()  # today's expressions: all known
+    monkeypatch.setitem(load._EXPRESSIONS["event_rows"], "duration_ps", "duration_ps * 2")
+    load._check_stored_forms.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="duration_ps"):
+            load._check_stored_forms()
+    finally:
+        load._check_stored_forms.cache_clear()
