@@ -775,28 +775,18 @@ class TablesWriter:
 
     def finish(self) -> dict[str, list[str]]:
         """Write every pending row; each table's parts not yet taken, in order."""
-        try:
-            for table_parts in self.parts.values():
-                table_parts.flush()
-        except BaseException:
-            self.abort()
-            raise
+        for table_parts in self.parts.values():
+            table_parts.flush()
         return {table: table_parts.take_files() for table, table_parts in self.parts.items()}
 
     def abort(self) -> None:
-        """After a failure: end a streamed statement, so that the connection can roll back."""
+        """After a failure (``GroupParts.discard``): end a streamed statement, so that the connection
+        can roll back."""
         if isinstance(self.streamed, _StreamedRows):
             self.streamed.abort()
 
     def add_host(self, reader: HostReader, run_t0_ns: int | None) -> HostLoad:
         """Add the host's rows, event times shifted from the host's t0 to ``run_t0_ns``."""
-        try:
-            return self._add_host(reader, run_t0_ns)
-        except BaseException:
-            self.abort()
-            raise
-
-    def _add_host(self, reader: HostReader, run_t0_ns: int | None) -> HostLoad:
         if isinstance(self.streamed, _StreamedRows):
             self.streamed.expect(reader.num_events)
         shift_ps = ((reader.t0_ns or 0) - (run_t0_ns or 0)) * 1000
